@@ -1,0 +1,35 @@
+"""Freezing parts of a neural network in TensorFlow: scopes, gradient gates, optimizer slots, exact masks.
+
+One module per idea:
+
+* ``selection``        -- ``select_variables``: var_list by scope or pattern (TF2's get_collection).
+* ``gates``            -- ``gate``: ``keep*x + (1-keep)*stop_gradient(x)``.
+* ``slots``            -- ``slots``, ``reset_slots``, ``stash_slots``/``restore_slots``: the seed's manual fix.
+* ``masked_optimizer`` -- ``MaskedOptimizer``: per-element masks any Keras optimizer honours exactly.
+* ``audit``            -- ``FreezeAudit``: how many frozen entries moved, and by how much.
+* ``optimizers``       -- optimizers by name.
+"""
+
+from freezing.audit import FreezeAudit
+from freezing.gates import gate
+from freezing.masked_optimizer import POLICIES, MaskedOptimizer
+from freezing.optimizers import OPTIMIZERS, make_optimizer
+from freezing.selection import select_variables, variable_path
+from freezing.slots import SlotStash, reset_slots, restore_slots, slot_initial_value, slots, stash_slots
+
+__all__ = [
+    "FreezeAudit",
+    "MaskedOptimizer",
+    "OPTIMIZERS",
+    "POLICIES",
+    "SlotStash",
+    "gate",
+    "make_optimizer",
+    "reset_slots",
+    "restore_slots",
+    "select_variables",
+    "slot_initial_value",
+    "slots",
+    "stash_slots",
+    "variable_path",
+]
