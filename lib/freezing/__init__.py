@@ -10,12 +10,19 @@ One module per idea:
 * ``optimizers``       -- optimizers by name.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from freezing.audit import FreezeAudit
 from freezing.gates import gate
 from freezing.masked_optimizer import POLICIES, MaskedOptimizer
 from freezing.optimizers import OPTIMIZERS, make_optimizer
 from freezing.selection import select_variables, variable_path
 from freezing.slots import SlotStash, reset_slots, restore_slots, slot_initial_value, slots, stash_slots
+
+try:
+    __version__ = version("freezing")
+except PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "FreezeAudit",

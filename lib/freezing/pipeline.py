@@ -1,0 +1,193 @@
+"""Run every notebook with papermill, render an HTML report, and record a manifest.
+
+``python -m freezing.pipeline --profile full --out results`` executes ``notebooks/NN_topic.ipynb``
+with ``notebooks/params/NN_topic.full.yaml``, in a staging folder. Only a notebook that finished
+is moved into ``results/NN_topic/`` (executed notebook, HTML report with inputs hidden, the
+figures, tables and metrics.json it wrote), and ``results/manifest.json`` records its git commit,
+parameters, package versions, data source and duration. A notebook that fails stops the run with
+its name and the error, exits non-zero, and leaves the previous results untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from freezing.reporting import atomic_write
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+PROFILES = ("smoke", "full")
+PACKAGES = ("tensorflow", "tensorflow-cpu", "keras", "numpy", "pandas", "matplotlib", "mlxtend", "papermill")
+DEFAULT_TIMEOUT_S = 1200
+
+
+class PipelineError(RuntimeError):
+    """A notebook or its parameters failed; the message names which and why."""
+
+
+def notebooks(only: list[str] | None = None) -> list[Path]:
+    """The notebooks to run, in order. ``notebooks(["01_adam_drift"])``"""
+    found = sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    if not only:
+        return found
+    names = {p.stem: p for p in found}
+    unknown = [n for n in only if n not in names]
+    if unknown:
+        raise PipelineError(f"--only: unknown notebook(s) {unknown}; allowed: {sorted(names)}")
+    return [names[n] for n in only]
+
+
+def load_parameters(notebook: Path, profile: str) -> dict[str, Any]:
+    """Read ``notebooks/params/<name>.<profile>.yaml`` and check its names against the notebook's. ``load_parameters(nb, "smoke")``"""
+    import papermill
+
+    path = NOTEBOOKS / "params" / f"{notebook.stem}.{profile}.yaml"
+    if not path.is_file():
+        raise PipelineError(f"{notebook.stem}: parameter file {path.relative_to(ROOT)} is missing")
+    try:
+        params = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise PipelineError(f"{notebook.stem}: {path.relative_to(ROOT)} is not valid YAML: {e}") from None
+    if not isinstance(params, dict):
+        raise PipelineError(f"{notebook.stem}: {path.relative_to(ROOT)} must be a mapping of parameter: value")
+    allowed = set(papermill.inspect_notebook(str(notebook)))
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise PipelineError(
+            f"{notebook.stem}: {path.relative_to(ROOT)} sets unknown parameter(s) {unknown}; allowed: {sorted(allowed)}"
+        )
+    return params
+
+
+def _git_commit() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": "unknown", "dirty": None}
+
+
+def _versions() -> dict[str, str]:
+    versions = {"python": platform.python_version(), "platform": platform.platform()}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def render_html(executed: Path, html: Path) -> None:
+    """Write the executed notebook as a shareable HTML report with the code hidden. ``render_html(nb, out)``"""
+    import nbconvert
+    import nbformat
+
+    exporter = nbconvert.HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    body, _ = exporter.from_notebook_node(nbformat.read(executed, as_version=4))
+    atomic_write(html, lambda p: Path(p).write_text(body, encoding="utf-8"))
+
+
+def run_notebook(notebook: Path, profile: str, out: Path, timeout_s: int) -> dict[str, Any]:
+    """Execute one notebook into ``out/<name>/``; returns its manifest entry. ``run_notebook(nb, "smoke", Path("build"), 600)``"""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    params = load_parameters(notebook, profile)
+    name = notebook.stem
+    staging = out / ".staging" / name
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    started = time.perf_counter()
+    try:
+        papermill.execute_notebook(
+            str(notebook), str(staging / f"{name}.ipynb"),
+            parameters={**params, "out_dir": str(staging.resolve())},
+            kernel_name="python3", cwd=str(NOTEBOOKS), execution_timeout=timeout_s,
+            progress_bar=sys.stderr.isatty(), log_output=True,
+        )
+        render_html(staging / f"{name}.ipynb", staging / f"{name}.html")
+    except PapermillExecutionError as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise PipelineError(f"{name} failed in cell {e.exec_count}: {e.ename}: {e.evalue}") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    duration = time.perf_counter() - started
+    metrics_path = staging / "metrics.json"
+    metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
+    final = out / name
+    trash = out / ".staging" / f"{name}.old"
+    shutil.rmtree(trash, ignore_errors=True)
+    if final.exists():
+        final.rename(trash)
+    staging.rename(final)
+    shutil.rmtree(trash, ignore_errors=True)
+    return {
+        "profile": profile,
+        "parameters": params,
+        "data_source": metrics.get("data_source", "not recorded"),
+        "duration_s": round(duration, 1),
+        "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        **_git_commit(),
+        "packages": _versions(),
+    }
+
+
+def update_manifest(out: Path, name: str, entry: dict[str, Any]) -> Path:
+    """Record one notebook's run in ``out/manifest.json``, keeping the others. ``update_manifest(out, "01_adam_drift", e)``"""
+    path = out / "manifest.json"
+    manifest = json.loads(path.read_text()) if path.is_file() else {}
+    manifest[name] = entry
+    text = json.dumps(dict(sorted(manifest.items())), indent=2) + "\n"
+    return atomic_write(path, lambda p: Path(p).write_text(text))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``python -m freezing.pipeline --profile smoke --out build/smoke``."""
+    parser = argparse.ArgumentParser(prog="python -m freezing.pipeline", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", choices=PROFILES, required=True, help="which notebooks/params/*.<profile>.yaml to use")
+    parser.add_argument("--out", type=Path, required=True, help="results folder, e.g. results or build/smoke")
+    parser.add_argument("--only", nargs="+", metavar="NOTEBOOK", help="run only these notebooks (by name)")
+    parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help="per-cell execution timeout, seconds")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("papermill").setLevel(logging.INFO)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    out = args.out.resolve()
+    try:
+        chosen = notebooks(args.only)
+        for nb in chosen:  # check every parameter file before running anything
+            load_parameters(nb, args.profile)
+        for i, nb in enumerate(chosen, start=1):
+            print(f"[{i}/{len(chosen)}] {nb.stem} ({args.profile}) ...", flush=True)
+            entry = run_notebook(nb, args.profile, out, args.timeout)
+            update_manifest(out, nb.stem, entry)
+            print(f"[{i}/{len(chosen)}] {nb.stem} done in {entry['duration_s']} s -> {out / nb.stem}", flush=True)
+    except PipelineError as e:
+        print(f"pipeline: {e}", file=sys.stderr)
+        return 1
+    finally:
+        staging = out / ".staging"
+        if staging.is_dir() and not any(staging.iterdir()):
+            staging.rmdir()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
