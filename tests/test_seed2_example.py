@@ -1,0 +1,64 @@
+"""The seed-2 worked example, exactly: drift appears with the naive mask and vanishes with the fix."""
+
+import numpy as np
+import pytest
+
+from freezing import adam_drift
+
+STEP1 = [0.0, 0.1, 0.1, 0.0]
+STEP2_NAIVE = [0.0744, 0.1670, 0.1670, 0.0744]  # from the seed; checked on this machine (guide)
+STEP2_FIXED = [0.0744, 0.1, 0.1, 0.0744]
+
+
+def _w(table, step):
+    return table[table["step"] == step][[f"W[{i}]" for i in range(4)]].to_numpy().reshape(-1)
+
+
+@pytest.mark.parametrize("run", [adam_drift.seed2_tf1, adam_drift.seed2_tf2], ids=["tf1_graph", "tf2"])
+def test_naive_mask_drifts_under_adam(run):
+    table = run("naive")
+    np.testing.assert_allclose(_w(table, 1), STEP1, atol=1e-6)
+    np.testing.assert_allclose(_w(table, 2), STEP2_NAIVE, atol=1e-4)
+
+
+@pytest.mark.parametrize("run", [adam_drift.seed2_tf1, adam_drift.seed2_tf2], ids=["tf1_graph", "tf2"])
+@pytest.mark.parametrize("method", ["reset_slots", "stash_restore"])
+def test_masking_the_slots_stops_the_drift(run, method):
+    table = run(method)
+    np.testing.assert_allclose(_w(table, 2), STEP2_FIXED, atol=1e-4)
+    assert _w(table, 2)[1] == _w(table, 1)[1]  # exactly, not approximately
+
+
+@pytest.mark.parametrize("policy", ["hold", "reset"])
+def test_masked_optimizer_matches_the_manual_fix_exactly(policy):
+    manual = adam_drift.seed2_tf2("stash_restore" if policy == "hold" else "reset_slots")
+    wrapped = adam_drift.seed2_tf2(policy)
+    for step in (1, 2, 3):
+        np.testing.assert_array_equal(_w(wrapped, step), _w(manual, step))
+
+
+def test_unfreezing_resumes_with_the_stashed_moments():
+    hold, reset = adam_drift.seed2_tf1("stash_restore"), adam_drift.seed2_tf1("reset_slots")
+    m_hold = hold[hold["step"] == 3]["m[1]"].item()
+    m_reset = reset[reset["step"] == 3]["m[1]"].item()
+    # step 3 gradient of W[1] is 2*(0.1*2-1)*2 = -3.2; resumed m = 0.9*(-0.4) + 0.1*(-3.2), restarted m = 0.1*(-3.2)
+    assert m_hold == pytest.approx(-0.68, abs=1e-6)
+    assert m_reset == pytest.approx(-0.32, abs=1e-6)
+
+
+def test_summary_reports_agreement_between_tf1_and_tf2():
+    import pandas as pd
+
+    table = pd.concat([adam_drift.seed2_tf1(m) for m in adam_drift.SEED2_TF1_METHODS]
+                      + [adam_drift.seed2_tf2(m) for m in adam_drift.SEED2_TF2_METHODS])
+    summary = adam_drift.seed2_summary(table)
+    assert summary["max_abs_diff_tf1_vs_tf2_naive"] < 1e-5  # float32 rounding of two formulations
+    assert summary["max_abs_diff_stash_restore_vs_hold"] == 0.0
+    assert summary["tf1_naive_frozen_drift_step2"] == pytest.approx(0.0670, abs=1e-4)
+    assert summary["tf2_reset_slots_frozen_drift_step2"] == 0.0
+
+
+def test_predicted_adam_drift_matches_measurement():
+    table = adam_drift.adam_drift_vs_prediction(steps=15, warmup=5, size=8, seed=0, learning_rate=0.01)
+    assert table["measured"].abs().max() > 1e-3  # there is drift to predict
+    np.testing.assert_allclose(table["measured"], table["predicted"], atol=1e-6)
