@@ -51,8 +51,8 @@ def notebooks(only: list[str] | None = None) -> list[Path]:
     return [names[n] for n in only]
 
 
-def load_parameters(notebook: Path, profile: str) -> dict[str, Any]:
-    """Read ``notebooks/params/<name>.<profile>.yaml`` and check its names against the notebook's. ``load_parameters(nb, "smoke")``"""
+def load_parameters(notebook: Path, profile: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Read ``notebooks/params/<name>.<profile>.yaml`` (+ overrides) and check names against the notebook's. ``load_parameters(nb, "smoke")``"""
     import papermill
 
     path = NOTEBOOKS / "params" / f"{notebook.stem}.{profile}.yaml"
@@ -64,11 +64,13 @@ def load_parameters(notebook: Path, profile: str) -> dict[str, Any]:
         raise PipelineError(f"{notebook.stem}: {path.relative_to(ROOT)} is not valid YAML: {e}") from None
     if not isinstance(params, dict):
         raise PipelineError(f"{notebook.stem}: {path.relative_to(ROOT)} must be a mapping of parameter: value")
+    params.update(overrides or {})
     allowed = set(papermill.inspect_notebook(str(notebook)))
     unknown = sorted(set(params) - allowed)
     if unknown:
         raise PipelineError(
-            f"{notebook.stem}: {path.relative_to(ROOT)} sets unknown parameter(s) {unknown}; allowed: {sorted(allowed)}"
+            f"{notebook.stem}: unknown parameter(s) {unknown} (from {path.relative_to(ROOT)} or --set); "
+            f"allowed: {sorted(allowed - {'out_dir'})}"
         )
     return params
 
@@ -103,12 +105,13 @@ def render_html(executed: Path, html: Path) -> None:
     atomic_write(html, lambda p: Path(p).write_text(body, encoding="utf-8"))
 
 
-def run_notebook(notebook: Path, profile: str, out: Path, timeout_s: int) -> dict[str, Any]:
+def run_notebook(notebook: Path, profile: str, out: Path, timeout_s: int,
+                 overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Execute one notebook into ``out/<name>/``; returns its manifest entry. ``run_notebook(nb, "smoke", Path("build"), 600)``"""
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
-    params = load_parameters(notebook, profile)
+    params = load_parameters(notebook, profile, overrides)
     name = notebook.stem
     staging = out / ".staging" / name
     shutil.rmtree(staging, ignore_errors=True)
@@ -158,6 +161,20 @@ def update_manifest(out: Path, name: str, entry: dict[str, Any]) -> Path:
     return atomic_write(path, lambda p: Path(p).write_text(text))
 
 
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """``["seeds=[0, 1]", "steps=5"]`` -> ``{"seeds": [0, 1], "steps": 5}`` (values parsed as YAML)."""
+    overrides = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise PipelineError(f"--set: expected NAME=VALUE, like --set steps=5; got {pair!r}")
+        try:
+            overrides[name.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise PipelineError(f"--set {name}: the value is not valid YAML: {e}") from None
+    return overrides
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m freezing.pipeline --profile smoke --out build/smoke``."""
     parser = argparse.ArgumentParser(prog="python -m freezing.pipeline", description=__doc__.split("\n\n")[0])
@@ -165,18 +182,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="results folder, e.g. results or build/smoke")
     parser.add_argument("--only", nargs="+", metavar="NOTEBOOK", help="run only these notebooks (by name)")
     parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help="per-cell execution timeout, seconds")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
+                        help="override one parameter (VALUE is YAML, e.g. --set 'seeds=[0,1]'); repeatable")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("papermill").setLevel(logging.INFO)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     out = args.out.resolve()
     try:
+        overrides = parse_overrides(args.overrides)
         chosen = notebooks(args.only)
         for nb in chosen:  # check every parameter file before running anything
-            load_parameters(nb, args.profile)
+            load_parameters(nb, args.profile, overrides)
         for i, nb in enumerate(chosen, start=1):
             print(f"[{i}/{len(chosen)}] {nb.stem} ({args.profile}) ...", flush=True)
-            entry = run_notebook(nb, args.profile, out, args.timeout)
+            entry = run_notebook(nb, args.profile, out, args.timeout, overrides)
             update_manifest(out, nb.stem, entry)
             print(f"[{i}/{len(chosen)}] {nb.stem} done in {entry['duration_s']} s -> {out / nb.stem}", flush=True)
     except PipelineError as e:

@@ -1,0 +1,96 @@
+"""Every notebook runs on smoke parameters through the real pipeline; assert on the metrics it recorded.
+
+The recommenders pattern: execute with papermill, read back what the run wrote, compare.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from freezing import pipeline
+
+pytestmark = pytest.mark.notebook
+NOTEBOOKS = pipeline.notebooks()
+
+
+@pytest.fixture(scope="session")
+def smoke_results(tmp_path_factory) -> Path:
+    """Run the whole pipeline once, on smoke parameters, into a temporary results folder."""
+    out = tmp_path_factory.mktemp("results")
+    assert pipeline.main(["--profile", "smoke", "--out", str(out), "--timeout", "600"]) == 0
+    return out
+
+
+def _metrics(results: Path, name: str) -> dict:
+    return json.loads((results / name / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_is_committed_clean_and_parameterised(notebook):
+    nb = nbformat.read(notebook, as_version=4)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit notebooks without outputs"
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1 and "out_dir" in tagged[0].source
+    for profile in pipeline.PROFILES:
+        pipeline.load_parameters(notebook, profile)  # every profile's YAML names only real parameters
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_every_notebook_writes_report_figures_tables_and_manifest(smoke_results, notebook):
+    folder = smoke_results / notebook.stem
+    assert (folder / f"{notebook.stem}.html").stat().st_size > 10_000
+    assert (folder / f"{notebook.stem}.ipynb").is_file()
+    assert list(folder.glob("*.png")) and list(folder.glob("*.csv"))
+    manifest = json.loads((smoke_results / "manifest.json").read_text())[notebook.stem]
+    assert manifest["profile"] == "smoke"
+    assert {"commit", "parameters", "packages", "data_source", "duration_s"} <= set(manifest)
+    assert manifest["data_source"] != "not recorded"
+    assert not (smoke_results / ".staging").exists()
+
+
+def test_01_adam_drift_metrics(smoke_results):
+    m = _metrics(smoke_results, "01_adam_drift")
+    assert m["seed2"]["tf1_naive_W_step2"] == pytest.approx([0.0744, 0.1670, 0.1670, 0.0744], abs=1e-4)
+    assert m["seed2"]["tf1_naive_frozen_drift_step2"] > 0.05
+    assert m["seed2"]["tf1_reset_slots_frozen_drift_step2"] == 0.0
+    assert m["fixed_policies_max_drift"] == 0.0
+    assert m["fixed_policies_changed_entries"] == 0
+    drift = m["drift_final_mean"]
+    assert drift["adam/naive"] > 1e-3 and drift["momentum/naive"] > 1e-3 and drift["adamw/naive"] > 1e-3
+    assert drift["sgd/naive"] == 0.0
+    assert m["prediction_max_abs_error"] < 1e-5 < m["prediction_max_abs_drift"]
+
+
+def _pipeline(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "freezing.pipeline", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_a_failing_notebook_exits_non_zero_names_itself_and_leaves_old_results(tmp_path):
+    old = tmp_path / "01_adam_drift"
+    old.mkdir()
+    (old / "metrics.json").write_text('{"previous": true}')
+    run = _pipeline("--profile", "smoke", "--out", str(tmp_path), "--only", "01_adam_drift",
+                    "--set", "optimizers=[adam, adamm]")
+    assert run.returncode == 1
+    assert "pipeline: 01_adam_drift failed" in run.stderr
+    assert "ValueError: optimizers: got 'adamm'; allowed: 'sgd'" in run.stderr
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["01_adam_drift", "metrics.json"]
+    assert json.loads((old / "metrics.json").read_text()) == {"previous": True}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "optimisers=[adam]"], "unknown parameter(s) ['optimisers']"),
+    (["--set", "steps"], "--set: expected NAME=VALUE"),
+    (["--only", "99_nothing"], "--only: unknown notebook(s) ['99_nothing']"),
+])
+def test_bad_pipeline_input_fails_before_running_anything(tmp_path, args, message):
+    run = _pipeline("--profile", "smoke", "--out", str(tmp_path), *args)
+    assert run.returncode == 1
+    assert message in run.stderr
+    assert not any(tmp_path.rglob("*"))
