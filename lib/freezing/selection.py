@@ -48,7 +48,8 @@ def select_variables(
     """Return the variables of ``source`` under ``scope`` whose path matches ``pattern``.
 
     ``select_variables(gan, scope="generator/")`` -> every trainable variable whose path is
-    ``generator/...``. ``scope`` matches whole path components ("gen" does not match "generator"),
+    ``generator/...``. ``scope`` is a path prefix, absolute or relative to ``source`` (Keras 3 paths
+    read ``model/layer/var``), and matches whole components ("gen" does not match "generator");
     ``pattern`` is a regular expression searched in the path. Raises ``ValueError`` when nothing
     matches, naming the scope and listing the prefixes that exist.
     """
@@ -63,16 +64,25 @@ def select_variables(
         raise ValueError(f"select_variables: the source has no {what}{hint}")
     regex = re.compile(pattern) if pattern is not None else None
     prefix = scope.strip("/") if scope else None
+    own = f"{source.name}/" if isinstance(getattr(source, "name", None), str) else None
+
+    def in_scope(path: str) -> bool:
+        # a scope is a path prefix, absolute or relative to the source (Keras nests "model/layer/var")
+        candidates = [path, path[len(own):]] if own and path.startswith(own) else [path]
+        return any(p == prefix or p.startswith(prefix + "/") for p in candidates)
+
     chosen = []
     for v in variables:
         path = variable_path(v)
-        if prefix is not None and not (path == prefix or path.startswith(prefix + "/")):
+        if prefix is not None and not in_scope(path):
             continue
         if regex is not None and not regex.search(path):
             continue
         chosen.append(v)
     if not chosen:
         paths = [variable_path(v) for v in variables]
+        if own and all(p.startswith(own) for p in paths):
+            paths = [p[len(own):] for p in paths]
         depth = prefix.count("/") + 1 if prefix else 1
         raise ValueError(
             f"select_variables: scope={scope!r} pattern={pattern!r} matched none of {len(paths)} "
