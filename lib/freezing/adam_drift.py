@@ -22,6 +22,7 @@ from freezing.audit import FreezeAudit
 from freezing.gates import gate
 from freezing.masked_optimizer import MaskedOptimizer
 from freezing.optimizers import OPTIMIZERS, make_optimizer
+from freezing.reporting import format_mean_std
 from freezing.slots import SlotStash, reset_slots, restore_slots, slots, stash_slots
 from freezing.validation import check_choice, check_choices, check_int_list, check_positive_int, check_range
 
@@ -300,3 +301,26 @@ def conclusion(seed2: dict[str, Any], summary: pd.DataFrame, prediction: pd.Data
         f"* **The drift is predictable.** Adam's frozen-entry drift computed from m, v, beta_1, beta_2, epsilon "
         f"and the step count matches the measurement to {err:.1e} (the drift itself reaches {scale:.2e}).",
     ])
+
+
+def headline(metrics: dict[str, Any], summary: pd.DataFrame) -> dict[str, str]:
+    """The few numbers ``results/SUMMARY.md`` shows for this study. ``headline(metrics, summary)``"""
+    naive = summary[summary["policy"] == "naive"]
+    seeds = int(summary["seeds"].max())
+    adam = summary.query("optimizer == 'adam' and policy == 'naive'")
+    out = {
+        "seed 2, step 2: drift of the frozen W[1], W[2] under Adam (TF1 graph / TF2)":
+            f"{metrics['seed2']['tf1_naive_frozen_drift_step2']:.4f} / {metrics['seed2']['tf2_naive_frozen_drift_step2']:.4f}",
+        "seed 2, step 2: the same after reset_slots via get_slot (TF1 graph)":
+            f"{metrics['seed2']['tf1_reset_slots_frozen_drift_step2']:.1e}",
+        "optimizers whose frozen entries drift under a stop_gradient mask":
+            f"{int((naive['drift_mean'] > 0).sum())} of {len(naive)}",
+        "largest drift of a frozen entry under MaskedOptimizer hold/reset (all optimizers, all seeds)":
+            f"{metrics['fixed_policies_max_drift']:.1e} ({metrics['fixed_policies_changed_entries']} changed entries)",
+        "max |measured - predicted| Adam drift": f"{metrics['prediction_max_abs_error']:.1e}",
+    }
+    if len(adam):
+        row = adam.iloc[0]
+        out[f"Adam, naive gate: max drift after the last step (mean ± std, {seeds} seeds)"] = \
+            format_mean_std(float(row["drift_mean"]), float(row["drift_std"]))
+    return out

@@ -56,7 +56,7 @@ def _plain(value: Any) -> Any:
 
 def save_metrics(metrics: dict[str, Any], out_dir: str | Path) -> Path:
     """Write ``metrics`` as ``out_dir/metrics.json`` (numpy scalars made plain). ``save_metrics({"acc": 0.9}, out)``"""
-    text = json.dumps(_plain(metrics), indent=2, sort_keys=True)
+    text = json.dumps(_plain(metrics), indent=2)
     return atomic_write(Path(out_dir) / "metrics.json", lambda p: Path(p).write_text(text + "\n"))
 
 
