@@ -92,3 +92,17 @@ class FreezeAudit:
         """All records as a DataFrame (step, tensor, frozen, changed, max_abs_delta). ``audit.to_frame()``"""
         return pd.DataFrame([asdict(r) for r in self.records],
                             columns=["step", "tensor", "frozen", "changed", "max_abs_delta"])
+
+
+def frozen_change(before: Any, after: Any, frozen: Any) -> tuple[Any, Any, Any]:
+    """In-graph drift of frozen entries: (changed count, max |delta|, sum |delta|). ``frozen_change(w0, w, ~keep)``
+
+    The ``tf.function`` counterpart of one ``FreezeAudit`` record, for training loops that audit every step.
+    """
+    import tensorflow as tf
+
+    frozen = tf.broadcast_to(tf.cast(frozen, tf.bool), tf.shape(after))
+    width = {2: tf.int16, 4: tf.int32, 8: tf.int64}[after.dtype.size]
+    changed = tf.not_equal(tf.bitcast(before, width), tf.bitcast(after, width)) & frozen
+    delta = tf.where(frozen, tf.abs(after - before), tf.zeros_like(after))
+    return tf.reduce_sum(tf.cast(changed, tf.int64)), tf.reduce_max(delta), tf.reduce_sum(tf.cast(delta, tf.float64))

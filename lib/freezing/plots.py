@@ -75,3 +75,88 @@ def prediction_vs_measurement(prediction: pd.DataFrame, entries: int = 6) -> plt
               title="Measured (colour) and predicted (dotted)")
     fig.tight_layout()
     return fig
+
+
+METHOD_COLOURS = {"naive": "tab:red", "hold": "tab:green", "reset": "tab:blue", "var_list": "tab:purple",
+                  "trainable_recompile": "tab:olive", "trainable_no_recompile": "tab:orange", "gate": "tab:red",
+                  "masked_hold": "tab:green"}
+
+
+def finetune_bars(summary: pd.DataFrame) -> plt.Figure:
+    """Fine-tuning: test accuracy and frozen-layer drift per method, grouped by optimizer. ``finetune_bars(s)``"""
+    optimizers = list(dict.fromkeys(summary["optimizer"]))
+    methods = list(dict.fromkeys(summary["method"]))
+    width = 0.8 / len(methods)
+    fig, (acc_ax, drift_ax) = plt.subplots(1, 2, figsize=(13, 4))
+    for j, method in enumerate(methods):
+        rows = summary[summary["method"] == method].set_index("optimizer").reindex(optimizers)
+        xs = np.arange(len(optimizers)) + (j - (len(methods) - 1) / 2) * width
+        colour = METHOD_COLOURS.get(method)
+        acc_ax.bar(xs, rows["acc_new_mean"], width, yerr=rows["acc_new_std"].fillna(0), label=method, color=colour)
+        drift = rows["conv_max_drift_mean"].to_numpy()
+        drift_ax.bar(xs, np.where(drift > 0, drift, np.nan), width, color=colour, label=method)
+        for x, d in zip(xs, drift):
+            if d == 0:
+                drift_ax.text(x, 1.2e-9, "0", ha="center", va="bottom", fontsize=8, color=colour)
+    for ax in (acc_ax, drift_ax):
+        ax.set_xticks(range(len(optimizers)), optimizers)
+    acc_ax.set(ylabel="test accuracy on digits 5-9", title="Fine-tuned head, frozen conv1/conv2 (mean ± std)")
+    drift_ax.set(yscale="log", ylim=(1e-9, None), ylabel="max |conv weight change| (0 printed)",
+                 title="Drift of the frozen conv layers")
+    acc_ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _grid(table: pd.DataFrame) -> tuple[plt.Figure, np.ndarray, list, list]:
+    optimizers = list(dict.fromkeys(table["optimizer"]))
+    ps = sorted(table["p"].dropna().unique()) or [np.nan]
+    fig, axes = plt.subplots(len(optimizers), len(ps), figsize=(3.6 * len(ps) + 1, 2.6 * len(optimizers) + 0.6),
+                             squeeze=False, sharex=True)
+    return fig, axes, optimizers, ps
+
+
+def _select(table: pd.DataFrame, optimizer: str, p: float) -> pd.DataFrame:
+    rows = table[table["optimizer"] == optimizer]
+    return rows[rows["p"].isna()] if p != p else rows[rows["p"] == p]
+
+
+def masked_curves(table: pd.DataFrame, value: str, ylabel: str, log: bool = False) -> plt.Figure:
+    """Mean over seeds of ``value`` against step; rows = optimizer, columns = p; a line per method. ``masked_curves(t, "accuracy", "acc")``"""
+    fig, axes, optimizers, ps = _grid(table)
+    for i, name in enumerate(optimizers):
+        for j, p in enumerate(ps):
+            ax = axes[i, j]
+            rows = _select(table, name, p).dropna(subset=[value])
+            for method, group in rows.groupby("method", sort=False):
+                curve = group.groupby("step")[value].agg(["mean", "std"])
+                colour = METHOD_COLOURS.get(method)
+                ax.plot(curve.index, curve["mean"], label=method, color=colour)
+                ax.fill_between(curve.index, curve["mean"] - curve["std"].fillna(0),
+                                curve["mean"] + curve["std"].fillna(0), color=colour, alpha=0.15)
+            if log:
+                ax.set_yscale("symlog", linthresh=1e-3)
+            ax.set_title(f"{name}" + ("" if p != p else f", p = {p:g} trainable"), fontsize=9)
+            if j == 0:
+                ax.set_ylabel(ylabel)
+            if i == len(optimizers) - 1:
+                ax.set_xlabel("step")
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def accuracy_vs_p(summary: pd.DataFrame) -> plt.Figure:
+    """Final test accuracy against the trainable fraction p, a line per method, a panel per optimizer. ``accuracy_vs_p(s)``"""
+    optimizers = list(dict.fromkeys(summary["optimizer"]))
+    fig, axes = plt.subplots(1, len(optimizers), figsize=(4 * len(optimizers), 3.4), squeeze=False, sharey=True)
+    for ax, name in zip(axes[0], optimizers):
+        for method, rows in summary[summary["optimizer"] == name].groupby("method", sort=False):
+            rows = rows.sort_values("p")
+            ax.errorbar(rows["p"], rows["accuracy_mean"], yerr=rows["accuracy_std"].fillna(0), marker="o",
+                        capsize=3, label=method, color=METHOD_COLOURS.get(method))
+        ax.set(title=name, xlabel="p (fraction trainable each step)")
+    axes[0, 0].set_ylabel("final test accuracy")
+    axes[0, 0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,66 @@
+"""Training-loop pieces shared by the CNN studies: a gated forward pass, batches, accuracy, state resets.
+
+Loops stay short because these carry the weight; each study module composes them inside ``tf.function``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from freezing.gates import gate
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def forward(model: keras.Sequential, x: Any, training: bool = False, feature_keep: Any = None,
+            after: str = "flatten") -> tf.Tensor:
+    """Run a Sequential model layer by layer, gating the output of layer ``after`` with ``feature_keep``.
+
+    ``forward(cnn, x, True, feature_keep=0.0)`` gives the same logits with zero gradient for every layer
+    up to ``flatten`` (the seed-1 ``do_gradient`` gate on the feature extractor).
+    """
+    for layer in model.layers:
+        x = layer(x, training=training)
+        if feature_keep is not None and layer.name == after:
+            x = gate(x, feature_keep)
+    return x
+
+
+def batch_indices(n: int, batch: int, steps: int, seed: int) -> Iterator[np.ndarray]:
+    """Indices of ``steps`` minibatches, reshuffled every epoch. ``next(batch_indices(100, 10, 5, 0)).shape == (10,)``"""
+    rng = np.random.default_rng(seed)
+    order, pos = rng.permutation(n), 0
+    for _ in range(steps):
+        if pos + batch > n:
+            order, pos = rng.permutation(n), 0
+        yield order[pos: pos + batch]
+        pos += batch
+
+
+def accuracy(model: keras.Model, x: np.ndarray, y: np.ndarray, batch: int = 500) -> float:
+    """Top-1 accuracy of ``model`` on ``(x, y)``. ``accuracy(cnn, splits.x_test, splits.y_test)``"""
+    correct = 0
+    for i in range(0, len(y), batch):
+        logits = model(x[i: i + batch], training=False)
+        correct += int(np.sum(np.argmax(logits, axis=-1) == y[i: i + batch]))
+    return correct / max(len(y), 1)
+
+
+def snapshot(variables: Sequence[Any]) -> list[np.ndarray]:
+    """Copies of the variables' values. ``state = snapshot(opt.variables)``"""
+    return [np.array(v.numpy(), copy=True) for v in variables]
+
+
+def restore(variables: Sequence[Any], values: Sequence[np.ndarray]) -> None:
+    """Assign saved values back, checking that they line up. ``restore(opt.variables, state)``"""
+    if len(variables) != len(values):
+        raise ValueError(f"restore: {len(values)} saved values for {len(variables)} variables")
+    for v, value in zip(variables, values):
+        if tuple(v.shape) != tuple(np.shape(value)):
+            raise ValueError(f"restore: shape {np.shape(value)} does not fit {getattr(v, 'path', v.name)} {tuple(v.shape)}")
+        v.assign(value)
