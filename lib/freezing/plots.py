@@ -100,10 +100,11 @@ def finetune_bars(summary: pd.DataFrame) -> plt.Figure:
                 drift_ax.text(x, 1.2e-9, "0", ha="center", va="bottom", fontsize=8, color=colour)
     for ax in (acc_ax, drift_ax):
         ax.set_xticks(range(len(optimizers)), optimizers)
-    acc_ax.set(ylabel="test accuracy on digits 5-9", title="Fine-tuned head, frozen conv1/conv2 (mean ± std)")
+    acc_ax.set(ylabel="test accuracy on digits 5-9", title="Fine-tuned head, frozen conv1/conv2 (mean ± std)",
+               ylim=(0, 1.18))
     drift_ax.set(yscale="log", ylim=(1e-9, None), ylabel="max |conv weight change| (0 printed)",
                  title="Drift of the frozen conv layers")
-    acc_ax.legend(fontsize=7)
+    acc_ax.legend(fontsize=7, ncol=3, loc="upper center")
     fig.tight_layout()
     return fig
 
