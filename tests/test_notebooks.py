@@ -117,3 +117,28 @@ def test_02_bad_parameter_stops_before_training(tmp_path):
     assert "ValueError: p_values: expected a number in [0.0, 1.0]; got 2" in run.stderr
     assert "fine-tune:" not in run.stdout + run.stderr  # nothing trained
     assert not any(tmp_path.rglob("*.csv"))
+
+
+def test_03_gan_alternating_metrics(smoke_results):
+    m = _metrics(smoke_results, "03_gan_alternating")
+    runs = m["runs"]
+    exact = ["two_optimizers", "shared_optimizer", "trainable_flag", "stop_gradient", "random_gate_masked"]
+    for method in exact:
+        for opt in ("sgd", "adam"):
+            r = runs[f"{method}/{opt}"]
+            assert r["g_changed_in_d_step"] == r["d_changed_in_g_step"] == r["gated_changed"] == 0, (method, opt)
+    assert runs["zeroed_gradients/adam"]["g_changed_in_d_step"] > 0  # the naive route drifts under Adam
+    assert runs["zeroed_gradients/adam"]["d_changed_in_g_step"] > 0
+    assert runs["zeroed_gradients/sgd"]["g_changed_in_d_step"] == 0  # ... and not under plain SGD
+    assert runs["random_gate/adam"]["gated_changed"] > 0
+    assert 0.0 < m["classifier_test_accuracy"] <= 1.0
+    assert m["unknown_variable_trap"][0]["outcome"].startswith("Unknown variable")
+
+
+def test_03_typo_in_scope_fails_before_training(tmp_path):
+    run = _pipeline("--profile", "smoke", "--out", str(tmp_path), "--only", "03_gan_alternating",
+                    "--set", "generator_scope=generater/")
+    assert run.returncode == 1
+    assert "ValueError: select_variables: scope='generater/'" in run.stderr
+    assert "available prefixes: discriminator/ (6), generator/ (6)" in run.stderr
+    assert "gan:" not in run.stdout + run.stderr

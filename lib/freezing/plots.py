@@ -161,3 +161,68 @@ def accuracy_vs_p(summary: pd.DataFrame) -> plt.Figure:
     axes[0, 0].legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def gan_losses(logs: pd.DataFrame) -> plt.Figure:
+    """D and G loss against iteration, mean over seeds; a panel per optimizer x network. ``gan_losses(logs)``"""
+    optimizers = list(dict.fromkeys(logs["optimizer"]))
+    fig, axes = plt.subplots(len(optimizers), 2, figsize=(12, 3.2 * len(optimizers)), squeeze=False, sharex=True)
+    for i, name in enumerate(optimizers):
+        for j, loss in enumerate(("d_loss", "g_loss")):
+            ax = axes[i, j]
+            for method, rows in logs[logs["optimizer"] == name].groupby("method", sort=False):
+                curve = rows.groupby("iteration")[loss].mean()
+                ax.plot(curve.index, curve.values, label=method, lw=1.2)
+            ax.set(title=f"{name}: {'discriminator' if j == 0 else 'generator'} loss", xlabel="iteration")
+    axes[0, 1].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def sample_grids(grids: dict[str, np.ndarray], columns: int = 4) -> plt.Figure:
+    """One 8x8 grid of generated digits per method, the same latent vectors for all. ``sample_grids({"m": x})``"""
+    rows = int(np.ceil(len(grids) / columns))
+    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.4 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, (method, images) in zip(axes.flat, grids.items()):
+        tiles = ((images[:64].reshape(8, 8, 28, 28) + 1) / 2).transpose(0, 2, 1, 3).reshape(8 * 28, 8 * 28)
+        ax.imshow(tiles, cmap="gray", vmin=0, vmax=1)
+        ax.set_title(method, fontsize=10)
+    fig.suptitle("Samples under Adam, seed 0, fixed latent vectors")
+    fig.tight_layout()
+    return fig
+
+
+def gan_drift_bars(summary: pd.DataFrame) -> plt.Figure:
+    """Max drift of what should stay frozen, per method and optimizer (0 printed). ``gan_drift_bars(s)``"""
+    methods = list(dict.fromkeys(summary["method"]))
+    optimizers = list(dict.fromkeys(summary["optimizer"]))
+    fig, ax = plt.subplots(figsize=(11, 3.8))
+    width = 0.8 / len(optimizers)
+    for j, name in enumerate(optimizers):
+        rows = summary[summary["optimizer"] == name].set_index("method").reindex(methods)
+        drift = rows[["g_max_drift_in_d_step", "d_max_drift_in_g_step", "gated_max_drift"]].max(axis=1).to_numpy()
+        xs = np.arange(len(methods)) + (j - (len(optimizers) - 1) / 2) * width
+        ax.bar(xs, np.where(drift > 0, drift, np.nan), width, label=name)
+        for x, d in zip(xs, drift):
+            if d == 0:
+                ax.text(x, 1.2e-9, "0", ha="center", va="bottom", fontsize=9)
+    ax.set_xticks(range(len(methods)), methods, rotation=15)
+    ax.set(yscale="log", ylim=(1e-9, None), ylabel="max |change| of a frozen weight in one step",
+           title="Does the network that should be frozen move? (0 printed)")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def bias_correction_ratio(effect: pd.DataFrame) -> plt.Figure:
+    """Adam's bias correction with a shared counter over G's own, against iteration. ``bias_correction_ratio(e)``"""
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    curve = effect.groupby("iteration")["ratio"].mean()
+    ax.plot(curve.index, curve.values, marker=".")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set(xscale="log", xlabel="iteration", ylabel="c(t_shared) / c(t_own)",
+           title="One Adam for D and G: G's step size vs its own optimizer")
+    fig.tight_layout()
+    return fig
