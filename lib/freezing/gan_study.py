@@ -374,6 +374,7 @@ def gan_study(config: GanStudyConfig, data: MnistSplits, classifier: keras.Model
                 done = pd.DataFrame(runs).query("method == @method and optimizer == @optimizer")
                 print(f"gan: {optimizer:<4} {method:<18} G moved in D steps: {int(done['g_changed_in_d_step'].sum())}, "
                       f"D moved in G steps: {int(done['d_changed_in_g_step'].sum())}, "
+                      f"gated-off part moved: {int(done['gated_changed'].sum())}, "
                       f"confidence {done['confidence'].mean():.2f}, {done['ms_per_iteration'].mean():.1f} ms/it",
                       flush=True)
     return pd.DataFrame(runs), pd.DataFrame(logs), grids

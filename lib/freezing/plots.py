@@ -208,8 +208,9 @@ def gan_drift_bars(summary: pd.DataFrame) -> plt.Figure:
         for x, d in zip(xs, drift):
             if d == 0:
                 ax.text(x, 1.2e-9, "0", ha="center", va="bottom", fontsize=9)
-    ax.set_xticks(range(len(methods)), methods, rotation=15)
-    ax.set(yscale="log", ylim=(1e-9, None), ylabel="max |change| of a frozen weight in one step",
+    ax.set_xticks(range(len(methods)), methods, rotation=15, ha="right")
+    top = float(np.nanmax(summary[["g_max_drift_in_d_step", "d_max_drift_in_g_step", "gated_max_drift"]].to_numpy()))
+    ax.set(yscale="log", ylim=(1e-9, max(top, 1e-8) * 3), ylabel="max |change| of a frozen weight in one step",
            title="Does the network that should be frozen move? (0 printed)")
     ax.legend()
     fig.tight_layout()
