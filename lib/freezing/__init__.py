@@ -8,6 +8,7 @@ One module per idea:
 * ``masked_optimizer`` -- ``MaskedOptimizer``: per-element masks any Keras optimizer honours exactly.
 * ``audit``            -- ``FreezeAudit``: how many frozen entries moved, and by how much.
 * ``optimizers``       -- optimizers by name.
+* ``gradients``        -- compute all gradients in one pass, transform, apply (TF2 and TF1 graph mode).
 """
 
 from importlib.metadata import PackageNotFoundError, version
