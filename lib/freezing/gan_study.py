@@ -429,10 +429,13 @@ def recommendation(summary: pd.DataFrame) -> str:
             f"{r.method} under {r.optimizer} ({int(r.drift)} entry changes on average per run)" for r in moved.itertuples()) + ".")
     adam = s[(s["optimizer"] == "adam") & s["method"].isin(still)]
     if len(adam):
-        quality = adam.assign(score=adam["confidence_mean"] * adam["coverage_entropy_mean"]).sort_values("score")
-        best, fastest = quality.iloc[-1], adam.sort_values("ms_per_iteration_mean").iloc[0]
-        lines.append(f"* **Recommendation:** among the exact methods under Adam, `{best.method}` gave the best samples "
-                     f"(confidence {best.confidence_mean:.2f}, coverage {best.coverage_entropy_mean:.2f}) and "
+        scored = adam.assign(score=adam["confidence_mean"] * adam["coverage_entropy_mean"])
+        best = scored[scored["score"] == scored["score"].max()]  # identical updates tie exactly
+        fastest = adam.sort_values("ms_per_iteration_mean").iloc[0]
+        names = " and ".join(f"`{m}`" for m in best["method"])
+        lines.append(f"* **Recommendation:** among the exact methods under Adam, {names} gave the best samples "
+                     f"(confidence {best.iloc[0].confidence_mean:.2f}, coverage {best.iloc[0].coverage_entropy_mean:.2f}"
+                     f"{'; their updates are identical' if len(best) > 1 else ''}) and "
                      f"`{fastest.method}` the fastest iterations ({fastest.ms_per_iteration_mean:.1f} ms).")
     return "\n".join(lines)
 
