@@ -172,19 +172,23 @@ class MaskedOptimizer:
             old = tf.convert_to_tensor(target) if t.reset_to is None else tf.cast(t.reset_to, target.dtype)
             return assign(target, tf.where(t.keep, value, old))
 
-        def masked_add(target: Any, value: Any, sign: float = -0.0, write: Any = assign_add) -> Any:
-            t = targets.get(key(target))
-            if t is None:
-                return write(target, value)
-            value = _dense(value, target)
-            if t.reset_to is None:
-                return write(target, tf.where(t.keep, value, tf.constant(sign, target.dtype)))
-            current = tf.convert_to_tensor(target)
-            new = current + value if write is assign_add else current - value
-            return assign(target, tf.where(t.keep, new, tf.cast(t.reset_to, target.dtype)))
+        def masked_increment(write: Any, pad: float, combine: Any) -> Any:
+            """assign_add/assign_sub that leave frozen entries' bits alone (x + -0.0 == x, x - +0.0 == x)."""
 
-        def masked_sub(target: Any, value: Any) -> Any:
-            return masked_add(target, value, sign=0.0, write=assign_sub)
+            def increment(target: Any, value: Any) -> Any:
+                t = targets.get(key(target))
+                if t is None:
+                    return write(target, value)
+                value = _dense(value, target)
+                if t.reset_to is None:
+                    return write(target, tf.where(t.keep, value, tf.constant(pad, target.dtype)))
+                new = combine(tf.convert_to_tensor(target), value)
+                return assign(target, tf.where(t.keep, new, tf.cast(t.reset_to, target.dtype)))
+
+            return increment
+
+        masked_add = masked_increment(assign_add, -0.0, tf.add)
+        masked_sub = masked_increment(assign_sub, 0.0, tf.subtract)
 
         def masked_decay(variables: Sequence[Any]) -> None:
             plain = [v for v in variables if key(v) not in targets]
