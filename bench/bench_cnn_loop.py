@@ -15,7 +15,6 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from freezing.models import deep_mnist_cnn, training_flops_per_sample  # noqa: E402

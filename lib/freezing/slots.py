@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from freezing.selection import variable_path
