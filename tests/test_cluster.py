@@ -1,0 +1,75 @@
+"""LocalCluster: starts real tf.distribute.Server processes, always ends them; TF_CONFIG checks."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from freezing.cluster import LocalCluster, free_ports, parse_tf_config, port_in_use
+
+pytestmark = pytest.mark.cluster
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_cluster_starts_listens_and_leaves_no_process_even_when_the_body_fails():
+    with pytest.raises(RuntimeError, match="midway"):
+        with LocalCluster(workers=2, ps=1, start_timeout=60) as cluster:
+            pids = cluster.pids
+            assert len(pids) == 3 and all(_alive(p) for p in pids)
+            ports = [int(a.rpartition(":")[2]) for job in ("worker", "ps") for a in cluster.spec[job]]
+            assert all(port_in_use(p) for p in ports)
+            raise RuntimeError("midway")
+    assert not any(_alive(p) for p in pids)
+    assert not any(port_in_use(p) for p in ports)
+
+
+def test_bad_counts_and_busy_ports_are_clear_errors():
+    with pytest.raises(ValueError, match="workers: expected an integer >= 1; got 0"):
+        LocalCluster(workers=0)
+    with pytest.raises(ValueError, match="ps: expected an integer >= 1"):
+        LocalCluster(ps=-1)
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("localhost", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ValueError, match=rf"ports: \[{port}\] already in use"):
+            LocalCluster(workers=1, ps=1, ports=[port, free_ports(1)[0]])
+
+
+def test_a_cluster_that_cannot_start_times_out_with_a_message():
+    with pytest.raises(TimeoutError, match=r"not listening after 0.5 s"):
+        with LocalCluster(workers=1, ps=1, start_timeout=0.5):
+            pass
+
+
+@pytest.mark.parametrize("text, match", [
+    ("{not json", "TF_CONFIG: not valid JSON"),
+    ('{"task": {"type": "worker"}}', "'cluster' must map job names"),
+    ('{"cluster": {"workers": ["a:1"]}, "task": {"type": "workers"}}', "unknown job 'workers'"),
+    ('{"cluster": {"worker": ["a"]}, "task": {"type": "worker"}}', r"must be a non-empty list of 'host:port'"),
+    ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "ps"}}', "'task.type' must be one of"),
+    ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}}', r"'task.index' must be 0..0"),
+])
+def test_tf_config_errors(text, match):
+    with pytest.raises(ValueError, match=match):
+        parse_tf_config(text)
+
+
+def test_serve_entry_point_rejects_a_bad_tf_config_with_exit_2():
+    run = subprocess.run([sys.executable, "-m", "freezing.cluster", "serve"], capture_output=True, text=True,
+                         env=dict(os.environ, TF_CONFIG="{oops"), timeout=60)
+    assert run.returncode == 2
+    assert "freezing.cluster: TF_CONFIG: not valid JSON" in run.stderr
+    ok = parse_tf_config(json.dumps({"cluster": {"worker": ["h:1"], "ps": ["h:2"]}, "task": {"type": "ps"}}))
+    assert ok["task"] == {"type": "ps", "index": 0}
