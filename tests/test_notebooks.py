@@ -142,3 +142,16 @@ def test_03_typo_in_scope_fails_before_training(tmp_path):
     assert "ValueError: select_variables: scope='generater/'" in run.stderr
     assert "available prefixes: discriminator/ (6), generator/ (6)" in run.stderr
     assert "gan:" not in run.stdout + run.stderr
+
+
+def test_04_gradients_and_ps_metrics(smoke_results):
+    m = _metrics(smoke_results, "04_gradients_and_ps")
+    costs = m["fetch_costs"]
+    assert costs["TF1 graph/g.eval() per variable"]["ratio"] > 1.5  # one eval per gradient recomputes the graph
+    assert costs["TF2 eager/recompute forward and backward per variable"]["ratio"] > 1.5
+    assert m["exact_update_max_error"] == 0.0 and m["quadratic_max_error"] == 0.0
+    assert set(m["ps"]["1"]["staleness"]) == {0}  # one worker: nobody else can update in between
+    assert m["ps"]["1"]["applied_updates"] == m["ps"]["1"]["scheduled_steps"]
+    f = m["fault"]
+    assert f["returned_steps"] == f["scheduled_steps"] and f["applied_updates"] >= f["scheduled_steps"]
+    assert (smoke_results / "04_gradients_and_ps" / "tensorboard").is_dir()

@@ -227,3 +227,70 @@ def bias_correction_ratio(effect: pd.DataFrame) -> plt.Figure:
            title="One Adam for D and G: G's step size vs its own optimizer")
     fig.tight_layout()
     return fig
+
+
+def fetch_cost_bars(table: pd.DataFrame) -> plt.Figure:
+    """ms to get every gradient, per mode and method, with the ratio to one pass written on the bar. ``fetch_cost_bars(t)``"""
+    fig, ax = plt.subplots(figsize=(10, 3.8))
+    labels = [f"{m}\n{meth}" for m, meth in zip(table["mode"], table["method"])]
+    bars = ax.barh(range(len(table)), table["ms"], color=[f"C{i}" for i in pd.factorize(table["mode"])[0]])
+    for bar, ratio in zip(bars, table["ratio_to_one_pass"]):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {ratio:.2f}×", va="center", fontsize=8)
+    ax.set_yticks(range(len(table)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set(xlabel="ms for all gradients of the Deep MNIST CNN (median)", title="One pass vs one per variable")
+    fig.tight_layout()
+    return fig
+
+
+def quadratic_trace(trace: pd.DataFrame) -> plt.Figure:
+    """x and dy/dx of the seed's quadratic against step (what TensorBoard shows). ``quadratic_trace(t)``"""
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    ax.plot(trace["step"], trace["x"], label="x")
+    ax.plot(trace["step"], trace["dy_dx"], label="dy/dx")
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set(xlabel="step", title="y = 0.5 (x - b)²: compute → T(g) = decay·g → apply")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def ps_curves(runs: dict[int, dict]) -> plt.Figure:
+    """Accuracy against wall time and against applied updates, one line per worker count. ``ps_curves({1: r})``"""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
+    for workers, result in runs.items():
+        curve = pd.DataFrame(result["curve"])
+        left.plot(curve["seconds"], curve["accuracy"], marker=".", label=f"{workers} worker(s)")
+        right.plot(curve["applied_updates"], curve["accuracy"], marker=".", label=f"{workers} worker(s)")
+    left.set(xlabel="wall time (s)", ylabel="test accuracy", title="Asynchronous Downpour SGD")
+    right.set(xlabel="applied updates", title="per update")
+    left.legend()
+    fig.tight_layout()
+    return fig
+
+
+def staleness_histograms(runs: dict[int, dict]) -> plt.Figure:
+    """Measured staleness of every applied gradient, one panel per worker count. ``staleness_histograms({2: r})``"""
+    fig, axes = plt.subplots(1, len(runs), figsize=(3.6 * len(runs), 3.0), squeeze=False, sharey=True)
+    for ax, (workers, result) in zip(axes[0], runs.items()):
+        values = np.asarray(result["staleness"])
+        ax.bar(*np.unique(values, return_counts=True))
+        ax.set(title=f"{workers} worker(s): mean {values.mean():.2f}", xlabel="staleness (updates)")
+    axes[0, 0].set_ylabel("applied gradients")
+    fig.tight_layout()
+    return fig
+
+
+def staleness_accuracy(rows: pd.DataFrame) -> plt.Figure:
+    """Test accuracy against the delay tau, a line per learning rate, a panel per optimizer. ``staleness_accuracy(r)``"""
+    optimizers = list(dict.fromkeys(rows["optimizer"]))
+    fig, axes = plt.subplots(1, len(optimizers), figsize=(4.2 * len(optimizers), 3.4), squeeze=False, sharey=True)
+    for ax, name in zip(axes[0], optimizers):
+        for lr, group in rows[rows["optimizer"] == name].groupby("learning_rate"):
+            stats = group.groupby("tau")["accuracy"].agg(["mean", "std"])
+            ax.errorbar(stats.index, stats["mean"], yerr=stats["std"].fillna(0), marker="o", capsize=3, label=f"lr {lr:g}")
+        ax.set(xscale="symlog", xlabel="tau (updates late)", title=name)
+        ax.legend(fontsize=8)
+    axes[0, 0].set_ylabel("test accuracy")
+    fig.tight_layout()
+    return fig
