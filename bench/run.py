@@ -14,11 +14,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import bench_cnn_loop  # noqa: E402
 import bench_masked_step  # noqa: E402
+import bench_ps  # noqa: E402
 
 BENCHMARKS = {
     "masked_step": lambda: bench_masked_step.main([]),
     "masked_step_xla": lambda: bench_masked_step.main(["--jit"]),
     "cnn_loop": lambda: bench_cnn_loop.main([]),
+    "parameter_server": lambda: bench_ps.main([]),
 }
 
 
