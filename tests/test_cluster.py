@@ -12,23 +12,15 @@ from freezing.cluster import LocalCluster, free_ports, parse_tf_config, port_in_
 pytestmark = pytest.mark.cluster
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def test_cluster_starts_listens_and_leaves_no_process_even_when_the_body_fails():
+def test_cluster_starts_listens_and_leaves_no_process_even_when_the_body_fails(alive):
     with pytest.raises(RuntimeError, match="midway"):
         with LocalCluster(workers=2, ps=1, start_timeout=60) as cluster:
             pids = cluster.pids
-            assert len(pids) == 3 and all(_alive(p) for p in pids)
+            assert len(pids) == 3 and all(alive(p) for p in pids)
             ports = [int(a.rpartition(":")[2]) for job in ("worker", "ps") for a in cluster.spec[job]]
             assert all(port_in_use(p) for p in ports)
             raise RuntimeError("midway")
-    assert not any(_alive(p) for p in pids)
+    assert not any(alive(p) for p in pids)
     assert not any(port_in_use(p) for p in ports)
 
 
