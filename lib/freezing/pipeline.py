@@ -75,12 +75,18 @@ def load_parameters(notebook: Path, profile: str, overrides: dict[str, Any] | No
     return params
 
 
-def _git_commit() -> dict[str, Any]:
+def _git_commit(out: Path) -> dict[str, Any]:
+    """HEAD, and whether tracked files other than the results folder being written differ from it."""
+
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
+    spec = ["--", "."]
+    if out.resolve().is_relative_to(ROOT):
+        spec.append(f":(exclude){out.resolve().relative_to(ROOT)}")
     try:
-        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+        return {"commit": git("rev-parse", "HEAD"),
+                "dirty": bool(git("status", "--porcelain", "--untracked-files=no", *spec))}
     except (OSError, subprocess.CalledProcessError):
         return {"commit": "unknown", "dirty": None}
 
@@ -147,7 +153,7 @@ def run_notebook(notebook: Path, profile: str, out: Path, timeout_s: int,
         "data_source": metrics.get("data_source", "not recorded"),
         "duration_s": round(duration, 1),
         "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        **_git_commit(),
+        **_git_commit(out),
         "packages": _versions(),
     }
 
