@@ -31,7 +31,7 @@ from freezing.models import deep_mnist_cnn
 from freezing.optimizers import OPTIMIZERS, make_optimizer
 from freezing.reporting import format_mean_std
 from freezing.selection import select_variables, variable_path
-from freezing.training import LOSS, accuracy, batch_indices, forward, restore, snapshot
+from freezing.training import LOSS, accuracy, batch_indices, forward, median_ms, restore, snapshot
 from freezing.validation import check_choices, check_int_list, check_positive_int, check_range
 
 FINETUNE_METHODS = ("var_list", "trainable_recompile", "trainable_no_recompile", "gate", "masked_hold")
@@ -120,10 +120,6 @@ class _BatchTimer(keras.callbacks.Callback):
         self.times.append(time.perf_counter() - self._start)
 
 
-def _median_ms(times: Sequence[float]) -> float:
-    return 1e3 * float(np.median(times[1:] if len(times) > 1 else times))  # the first step traces
-
-
 # -- 1. fine-tuning with frozen feature layers -----------------------------------------------------
 def _finetune_step(model: keras.Model, opt: keras.optimizers.Optimizer, method: str) -> Callable:
     conv = select_variables(model, pattern=r"/conv\d/")
@@ -190,7 +186,7 @@ def finetune_study(config: CnnStudyConfig, data: MnistSplits, progress: bool = T
                 rows.append({**base, "method": method,
                              "acc_new": accuracy(model, data.x_test[test_new], data.y_test[test_new]),
                              "acc_old": accuracy(model, data.x_test[test_old], data.y_test[test_old]),
-                             "conv_max_drift": drift, "conv_changed": changed, "ms_per_step": _median_ms(times)})
+                             "conv_max_drift": drift, "conv_changed": changed, "ms_per_step": median_ms(times)})
 
             for method in custom:
                 work.set_weights(weights)

@@ -28,14 +28,14 @@ import numpy as np
 import pandas as pd
 import tensorflow as tf
 
-from freezing.audit import frozen_change
+from freezing.audit import changed_bits, frozen_change
 from freezing.data import ACCEPTED_FORMS, MnistSplits
 from freezing.gates import gate
 from freezing.masked_optimizer import MaskedOptimizer
 from freezing.models import deep_mnist_cnn
 from freezing.reporting import format_mean_std
 from freezing.selection import select_variables
-from freezing.training import LOSS, accuracy, restore, snapshot
+from freezing.training import LOSS, accuracy, median_ms, restore, snapshot
 from freezing.validation import check_choices, check_int_list, check_positive_int, check_range
 
 METHODS = ("two_optimizers", "shared_optimizer", "zeroed_gradients", "trainable_flag", "stop_gradient",
@@ -258,7 +258,7 @@ class _Runner:
         d_after = snapshot(self.d_vars)
 
         def change(before: list, after: list) -> tuple[int, float]:
-            changed = sum(int(np.sum(a != b)) for a, b in zip(after, before))
+            changed = sum(int(changed_bits(b, a).sum()) for a, b in zip(after, before))
             return changed, max(float(np.abs(a - b).max()) for a, b in zip(after, before))
 
         (gc, gm), (dc, dm) = change(g_before, g_after), change(d_before, d_after)
@@ -336,7 +336,7 @@ def run_one(runner: _Runner, images: np.ndarray, config: GanStudyConfig, seed: i
         if it % config.log_every == 0 or it == 1:
             log.append({"iteration": it, **{k: float(out[k]) for k in ("d_loss", "g_loss")},
                         "d_iterations": int(out["d_iterations"]), "g_iterations": int(out["g_iterations"])})
-    totals["ms_per_iteration"] = 1e3 * float(np.median(times[1:] if len(times) > 1 else times))
+    totals["ms_per_iteration"] = median_ms(times)
     return log, totals
 
 
