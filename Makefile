@@ -26,10 +26,10 @@ test: $(STAMP) ## Run all tests: unit, property, and every notebook on smoke par
 	$(PY) -m pytest
 
 smoke: $(STAMP) ## Run every notebook on tiny parameters into build/smoke/ (about a minute each)
-	$(PY) -m freezing.pipeline --profile smoke --out build/smoke
+	$(PY) -m study.pipeline --profile smoke --out build/smoke
 
 reproduce: $(STAMP) ## Run every notebook on full parameters and regenerate results/
-	$(PY) -m freezing.pipeline --profile full --out results
+	$(PY) -m study.pipeline --profile full --out results
 
 bench: $(STAMP) ## Run the benchmarks; prints ratios measured side by side in one run
 	$(PY) bench/run.py

@@ -17,8 +17,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from freezing.models import deep_mnist_cnn, training_flops_per_sample  # noqa: E402
-from freezing.training import LOSS  # noqa: E402
+from study.models import deep_mnist_cnn, training_flops_per_sample  # noqa: E402
+from study.training import LOSS  # noqa: E402
 
 
 def matmul_gflops(n: int = 2048, repeats: int = 10) -> float:

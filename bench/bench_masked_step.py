@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from freezing import MaskedOptimizer, slots  # noqa: E402
-from freezing.models import deep_mnist_cnn  # noqa: E402
+from study.models import deep_mnist_cnn  # noqa: E402
 
 
 def _setup(batch: int, seed: int):

@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from freezing import gradients  # noqa: E402
-from freezing.parameter_server import DownpourConfig, run_downpour  # noqa: E402
+from study.parameter_server import DownpourConfig, run_downpour  # noqa: E402
 
 
 def local_steps_per_s(steps: int, batch: int = 64, hidden: int = 128, learning_rate: float = 0.1) -> float:

@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import pandas as pd
 import pytest
 import tensorflow as tf
 
@@ -26,7 +27,7 @@ def test_audit_measures_naive_adam_drift():
         grad = tape.gradient(loss, w)
         with audit.step(frozen=[np.asarray(keep) == 0]):
             opt.apply_gradients([(grad, w)])
-    table = audit.to_frame()
+    table = pd.DataFrame(audit.rows())
     step2 = table[(table["step"] == 1) & (table["tensor"] == "Variable")].iloc[0]
     assert step2["frozen"] == 2 and step2["changed"] == 2
     assert step2["max_abs_delta"] == pytest.approx(0.0670, abs=1e-4)  # 0.1670 - 0.1

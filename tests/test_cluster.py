@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from freezing.cluster import LocalCluster, free_ports, parse_tf_config, port_in_use
+from study.cluster import LocalCluster, free_ports, parse_tf_config, port_in_use
 
 pytestmark = pytest.mark.cluster
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from freezing import cnn_study
-from freezing.models import deep_mnist_cnn
+from study import cnn_study
+from study.models import deep_mnist_cnn
 
 
 @pytest.mark.parametrize("bad, match", [

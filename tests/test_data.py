@@ -6,8 +6,8 @@ import struct
 import numpy as np
 import pytest
 
-from freezing import data
-from freezing.data import DataError, load_mnist, read_idx
+from study import data
+from study.data import DataError, load_mnist, read_idx
 
 
 def _fake(n_per_class: int, rng) -> tuple[np.ndarray, np.ndarray]:

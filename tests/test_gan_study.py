@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from freezing import select_variables, variable_path
-from freezing.gan_study import Gan, GanStudyConfig, frozen_by_gates, gated_forward, unknown_variable_trap
+from study.gan_study import Gan, GanStudyConfig, frozen_by_gates, gated_forward, unknown_variable_trap
 
 
 @pytest.mark.parametrize("bad, match", [

@@ -2,8 +2,8 @@
 
 import pytest
 
-from freezing import gradient_study
-from freezing.data import load_mnist
+from study import gradient_study
+from study.data import load_mnist
 
 
 @pytest.mark.parametrize("bad, match", [

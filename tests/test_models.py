@@ -5,7 +5,7 @@ import numpy as np
 from freezing import select_variables, variable_path
 import tensorflow as tf
 
-from freezing.models import DEEP_MNIST_PARAMETERS, deep_mnist_cnn, training_flops_per_sample
+from study.models import DEEP_MNIST_PARAMETERS, deep_mnist_cnn, training_flops_per_sample
 
 
 def test_deep_mnist_cnn_parameter_count_and_scopes():

@@ -11,10 +11,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from freezing import pipeline
+from study import pipeline
 
 pytestmark = pytest.mark.notebook
-NOTEBOOKS = pipeline.notebooks()
+NOTEBOOKS = pipeline.notebooks(folder=Path(__file__).resolve().parents[1] / "notebooks")
 
 
 @pytest.fixture(scope="session")
@@ -67,7 +67,7 @@ def test_01_adam_drift_metrics(smoke_results):
 
 
 def _pipeline(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "freezing.pipeline", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "study.pipeline", *args], capture_output=True, text=True,
                           timeout=300)
 
 

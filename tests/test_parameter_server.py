@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from freezing.parameter_server import DownpourConfig, run_downpour
+from study.parameter_server import DownpourConfig, run_downpour
 
 pytestmark = pytest.mark.cluster
 

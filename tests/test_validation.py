@@ -2,8 +2,8 @@
 
 import pytest
 
-from freezing import make_optimizer
-from freezing.adam_drift import AdamDriftConfig
+from study.optimizers import make_optimizer
+from study.adam_drift import AdamDriftConfig
 from freezing.validation import check_choice, check_int_list, check_positive_int, check_range
 
 

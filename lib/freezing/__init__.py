@@ -7,7 +7,6 @@ One module per idea:
 * ``slots``            -- ``slots``, ``reset_slots``, ``stash_slots``/``restore_slots``: the seed's manual fix.
 * ``masked_optimizer`` -- ``MaskedOptimizer``: per-element masks any Keras optimizer honours exactly.
 * ``audit``            -- ``FreezeAudit``: how many frozen entries moved, and by how much.
-* ``optimizers``       -- optimizers by name.
 * ``gradients``        -- compute all gradients in one pass, transform, apply (TF2 and TF1 graph mode).
 """
 
@@ -16,7 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 from freezing.audit import FreezeAudit
 from freezing.gates import gate
 from freezing.masked_optimizer import POLICIES, MaskedOptimizer
-from freezing.optimizers import OPTIMIZERS, make_optimizer
+from study.optimizers import OPTIMIZERS, make_optimizer
 from freezing.selection import select_variables, variable_path
 from freezing.slots import SlotStash, reset_slots, restore_slots, slot_initial_value, slots, stash_slots
 
@@ -28,11 +27,9 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 __all__ = [
     "FreezeAudit",
     "MaskedOptimizer",
-    "OPTIMIZERS",
     "POLICIES",
     "SlotStash",
     "gate",
-    "make_optimizer",
     "reset_slots",
     "restore_slots",
     "select_variables",

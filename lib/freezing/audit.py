@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
+import tensorflow as tf
 
 from freezing.selection import variable_path
 from freezing.slots import slots as slots_of
@@ -88,10 +88,9 @@ class FreezeAudit:
         """Largest single-step change of any frozen entry. ``audit.max_abs_delta``"""
         return max((r.max_abs_delta for r in self.records), default=0.0)
 
-    def to_frame(self) -> pd.DataFrame:
-        """All records as a DataFrame (step, tensor, frozen, changed, max_abs_delta). ``audit.to_frame()``"""
-        return pd.DataFrame([asdict(r) for r in self.records],
-                            columns=["step", "tensor", "frozen", "changed", "max_abs_delta"])
+    def rows(self) -> list[dict[str, Any]]:
+        """All records as dicts (step, tensor, frozen, changed, max_abs_delta): ``pandas.DataFrame(audit.rows())``."""
+        return [asdict(r) for r in self.records]
 
 
 def frozen_change(before: Any, after: Any, frozen: Any) -> tuple[Any, Any, Any]:
@@ -99,8 +98,6 @@ def frozen_change(before: Any, after: Any, frozen: Any) -> tuple[Any, Any, Any]:
 
     The ``tf.function`` counterpart of one ``FreezeAudit`` record, for training loops that audit every step.
     """
-    import tensorflow as tf
-
     frozen = tf.broadcast_to(tf.cast(frozen, tf.bool), tf.shape(after))
     width = {2: tf.int16, 4: tf.int32, 8: tf.int64}[after.dtype.size]
     changed = tf.not_equal(tf.bitcast(before, width), tf.bitcast(after, width)) & frozen

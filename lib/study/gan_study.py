@@ -29,13 +29,13 @@ import pandas as pd
 import tensorflow as tf
 
 from freezing.audit import changed_bits, frozen_change
-from freezing.data import ACCEPTED_FORMS, MnistSplits
+from study.data import ACCEPTED_FORMS, MnistSplits
 from freezing.gates import gate
 from freezing.masked_optimizer import MaskedOptimizer
-from freezing.models import deep_mnist_cnn
-from freezing.reporting import format_mean_std
+from study.models import deep_mnist_cnn
+from study.reporting import format_mean_std
 from freezing.selection import select_variables
-from freezing.training import LOSS, accuracy, median_ms, restore, snapshot
+from study.training import LOSS, accuracy, median_ms, restore, snapshot
 from freezing.validation import check_choices, check_int_list, check_positive_int, check_range
 
 METHODS = ("two_optimizers", "shared_optimizer", "zeroed_gradients", "trainable_flag", "stop_gradient",

@@ -21,8 +21,8 @@ import tensorflow as tf
 from freezing.audit import FreezeAudit
 from freezing.gates import gate
 from freezing.masked_optimizer import MaskedOptimizer
-from freezing.optimizers import OPTIMIZERS, make_optimizer
-from freezing.reporting import format_mean_std
+from study.optimizers import OPTIMIZERS, make_optimizer
+from study.reporting import format_mean_std
 from freezing.slots import SlotStash, reset_slots, restore_slots, slots, stash_slots
 from freezing.validation import check_choice, check_choices, check_int_list, check_positive_int, check_range
 

@@ -67,8 +67,8 @@ def _train(config: DownpourConfig) -> dict[str, Any]:
     import tensorflow as tf
 
     from freezing import gradients
-    from freezing.cluster import LocalCluster
-    from freezing.data import load_mnist
+    from study.cluster import LocalCluster
+    from study.data import load_mnist
 
     data = load_mnist(seed=config.seed)
     x_train = data.x_train.reshape(-1, 784)

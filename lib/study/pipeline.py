@@ -1,6 +1,6 @@
 """Run every notebook with papermill, render an HTML report, and record a manifest.
 
-``python -m freezing.pipeline --profile full --out results`` executes ``notebooks/NN_topic.ipynb``
+``python -m study.pipeline --profile full --out results`` executes ``notebooks/NN_topic.ipynb``
 with ``notebooks/params/NN_topic.full.yaml``, in a staging folder. Only a notebook that finished
 is moved into ``results/NN_topic/`` (executed notebook, HTML report with inputs hidden, the
 figures, tables and metrics.json it wrote), and ``results/manifest.json`` records its git commit,
@@ -26,10 +26,10 @@ from typing import Any
 
 import yaml
 
-from freezing.reporting import atomic_write
+from study.reporting import atomic_write
 
-ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = ROOT / "notebooks"
+DEFAULT_NOTEBOOKS = Path("notebooks")
+"""Where notebooks live, relative to the working directory (``--notebooks`` overrides it)."""
 PROFILES = ("smoke", "full")
 PACKAGES = ("tensorflow", "tensorflow-cpu", "keras", "numpy", "pandas", "matplotlib", "mlxtend", "papermill")
 DEFAULT_TIMEOUT_S = 1200
@@ -39,9 +39,12 @@ class PipelineError(RuntimeError):
     """A notebook or its parameters failed; the message names which and why."""
 
 
-def notebooks(only: list[str] | None = None) -> list[Path]:
+def notebooks(only: list[str] | None = None, folder: Path = DEFAULT_NOTEBOOKS) -> list[Path]:
     """The notebooks to run, in order. ``notebooks(["01_adam_drift"])``"""
-    found = sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    folder = Path(folder).resolve()
+    if not folder.is_dir():
+        raise PipelineError(f"--notebooks: {folder} is not a folder; run from the repository root or pass --notebooks DIR")
+    found = sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
     if not only:
         return found
     names = {p.stem: p for p in found}
@@ -55,36 +58,37 @@ def load_parameters(notebook: Path, profile: str, overrides: dict[str, Any] | No
     """Read ``notebooks/params/<name>.<profile>.yaml`` (+ overrides) and check names against the notebook's. ``load_parameters(nb, "smoke")``"""
     import papermill
 
-    path = NOTEBOOKS / "params" / f"{notebook.stem}.{profile}.yaml"
+    path = notebook.parent / "params" / f"{notebook.stem}.{profile}.yaml"
     if not path.is_file():
-        raise PipelineError(f"{notebook.stem}: parameter file {path.relative_to(ROOT)} is missing")
+        raise PipelineError(f"{notebook.stem}: parameter file {path} is missing")
     try:
         params = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
-        raise PipelineError(f"{notebook.stem}: {path.relative_to(ROOT)} is not valid YAML: {e}") from None
+        raise PipelineError(f"{notebook.stem}: {path} is not valid YAML: {e}") from None
     if not isinstance(params, dict):
-        raise PipelineError(f"{notebook.stem}: {path.relative_to(ROOT)} must be a mapping of parameter: value")
+        raise PipelineError(f"{notebook.stem}: {path} must be a mapping of parameter: value")
     params.update(overrides or {})
     allowed = set(papermill.inspect_notebook(str(notebook)))
     unknown = sorted(set(params) - allowed)
     if unknown:
         raise PipelineError(
-            f"{notebook.stem}: unknown parameter(s) {unknown} (from {path.relative_to(ROOT)} or --set); "
+            f"{notebook.stem}: unknown parameter(s) {unknown} (from {path} or --set); "
             f"allowed: {sorted(allowed - {'out_dir'})}"
         )
     return params
 
 
-def _git_commit(out: Path) -> dict[str, Any]:
-    """HEAD, and whether tracked files other than the results folder being written differ from it."""
+def _git_commit(out: Path, source: Path) -> dict[str, Any]:
+    """HEAD of the repository holding ``source``, and whether tracked files other than ``out`` differ from it."""
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(["git", *args], cwd=source, capture_output=True, text=True, check=True).stdout.strip()
 
-    spec = ["--", "."]
-    if out.resolve().is_relative_to(ROOT):
-        spec.append(f":(exclude){out.resolve().relative_to(ROOT)}")
     try:
+        root = Path(git("rev-parse", "--show-toplevel"))
+        spec = ["--", "."]
+        if out.resolve().is_relative_to(root):
+            spec.append(f":(exclude){out.resolve().relative_to(root)}")
         return {"commit": git("rev-parse", "HEAD"),
                 "dirty": bool(git("status", "--porcelain", "--untracked-files=no", *spec))}
     except (OSError, subprocess.CalledProcessError):
@@ -127,7 +131,7 @@ def run_notebook(notebook: Path, profile: str, out: Path, timeout_s: int,
         papermill.execute_notebook(
             str(notebook), str(staging / f"{name}.ipynb"),
             parameters={**params, "out_dir": str(staging.resolve())},
-            kernel_name="python3", cwd=str(NOTEBOOKS), execution_timeout=timeout_s,
+            kernel_name="python3", cwd=str(notebook.parent), execution_timeout=timeout_s,
             progress_bar=sys.stderr.isatty(), log_output=True,
         )
         render_html(staging / f"{name}.ipynb", staging / f"{name}.html")
@@ -153,7 +157,7 @@ def run_notebook(notebook: Path, profile: str, out: Path, timeout_s: int,
         "data_source": metrics.get("data_source", "not recorded"),
         "duration_s": round(duration, 1),
         "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        **_git_commit(out),
+        **_git_commit(out, notebook.parent),
         "packages": _versions(),
     }
 
@@ -171,13 +175,13 @@ def write_summary(out: Path) -> Path:
     """Write ``out/SUMMARY.md``: each notebook's headline numbers, the command, time and machine. ``write_summary(out)``"""
     manifest = json.loads((out / "manifest.json").read_text())
     lines = ["# Results summary", "",
-             "Generated by `freezing.pipeline` from each notebook's `metrics.json` (key `headline`); do not edit.", ""]
+             "Generated by `study.pipeline` from each notebook's `metrics.json` (key `headline`); do not edit.", ""]
     for name, entry in manifest.items():
         metrics_path = out / name / "metrics.json"
         headline = json.loads(metrics_path.read_text()).get("headline", {}) if metrics_path.is_file() else {}
         packages = entry["packages"]
         lines += [f"## {name}", "",
-                  f"`python -m freezing.pipeline --profile {entry['profile']} --out {os.path.relpath(out, ROOT)} --only {name}` "
+                  f"`python -m study.pipeline --profile {entry['profile']} --out {os.path.relpath(out)} --only {name}` "
                   f"({entry['duration_s']} s on {os.cpu_count()} CPU cores; {packages.get('platform', '')}; "
                   f"TensorFlow {packages.get('tensorflow-cpu', packages.get('tensorflow', '?'))}, "
                   f"Keras {packages.get('keras', '?')}; commit {entry['commit'][:10]}"
@@ -205,10 +209,12 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m freezing.pipeline --profile smoke --out build/smoke``."""
-    parser = argparse.ArgumentParser(prog="python -m freezing.pipeline", description=__doc__.split("\n\n")[0])
+    """Command line: ``python -m study.pipeline --profile smoke --out build/smoke``."""
+    parser = argparse.ArgumentParser(prog="python -m study.pipeline", description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", choices=PROFILES, required=True, help="which notebooks/params/*.<profile>.yaml to use")
     parser.add_argument("--out", type=Path, required=True, help="results folder, e.g. results or build/smoke")
+    parser.add_argument("--notebooks", type=Path, default=DEFAULT_NOTEBOOKS,
+                        help="folder of NN_topic.ipynb notebooks and params/ (default: ./notebooks)")
     parser.add_argument("--only", nargs="+", metavar="NOTEBOOK", help="run only these notebooks (by name)")
     parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help="per-cell execution timeout, seconds")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
@@ -220,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     try:
         overrides = parse_overrides(args.overrides)
-        chosen = notebooks(args.only)
+        chosen = notebooks(args.only, args.notebooks)
         for nb in chosen:  # check every parameter file before running anything
             load_parameters(nb, args.profile, overrides)
         for i, nb in enumerate(chosen, start=1):

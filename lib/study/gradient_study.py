@@ -24,9 +24,9 @@ import pandas as pd
 import tensorflow as tf
 
 from freezing import gradients
-from freezing.data import MnistSplits
-from freezing.models import deep_mnist_cnn
-from freezing.training import LOSS
+from study.data import MnistSplits
+from study.models import deep_mnist_cnn
+from study.training import LOSS
 from freezing.validation import check_choices, check_int_list, check_positive_int, check_range
 
 STALENESS_OPTIMIZERS = {"sgd": lambda lr: keras.optimizers.SGD(lr), "adam": lambda lr: keras.optimizers.Adam(lr),
@@ -250,7 +250,7 @@ def staleness_study(config: GradientStudyConfig, data: MnistSplits, progress: bo
 
 def staleness_table(rows: pd.DataFrame) -> pd.DataFrame:
     """'mean ± std' accuracy, rows optimizer x learning rate, columns tau. ``staleness_table(staleness_study(...))``"""
-    from freezing.reporting import format_mean_std
+    from study.reporting import format_mean_std
 
     grouped = rows.groupby(["optimizer", "learning_rate", "tau"])["accuracy"].agg(["mean", "std"]).reset_index()
     grouped["accuracy"] = [format_mean_std(m, s) for m, s in zip(grouped["mean"], grouped["std"])]

@@ -25,13 +25,13 @@ import pandas as pd
 import tensorflow as tf
 
 from freezing.audit import changed_bits, frozen_change
-from freezing.data import ACCEPTED_FORMS, MnistSplits
+from study.data import ACCEPTED_FORMS, MnistSplits
 from freezing.masked_optimizer import MaskedOptimizer
-from freezing.models import deep_mnist_cnn
-from freezing.optimizers import OPTIMIZERS, make_optimizer
-from freezing.reporting import format_mean_std
+from study.models import deep_mnist_cnn
+from study.optimizers import OPTIMIZERS, make_optimizer
+from study.reporting import format_mean_std
 from freezing.selection import select_variables, variable_path
-from freezing.training import LOSS, accuracy, batch_indices, forward, median_ms, restore, snapshot
+from study.training import LOSS, accuracy, batch_indices, forward, median_ms, restore, snapshot
 from freezing.validation import check_choices, check_int_list, check_positive_int, check_range
 
 FINETUNE_METHODS = ("var_list", "trainable_recompile", "trainable_no_recompile", "gate", "masked_hold")
