@@ -5,7 +5,9 @@ One module per idea:
 * ``selection``        -- ``select_variables``: var_list by scope or pattern (TF2's get_collection).
 * ``gates``            -- ``gate``: ``keep*x + (1-keep)*stop_gradient(x)``.
 * ``slots``            -- ``slots``, ``reset_slots``, ``stash_slots``/``restore_slots``: the seed's manual fix.
-* ``masked_optimizer`` -- ``MaskedOptimizer``: per-element masks any Keras optimizer honours exactly.
+* ``masked_optimizer`` -- ``MaskedOptimizer``: a Keras optimizer whose per-element masks any inner
+                          optimizer honours exactly, in ``compile``/``fit`` and custom loops.
+* ``schedule``         -- ``MaskSchedule``: staged unfreezing inside one ``fit`` call.
 * ``audit``            -- ``FreezeAudit``: how many frozen entries moved, and by how much.
 * ``gradients``        -- compute all gradients in one pass, transform, apply (TF2 and TF1 graph mode).
 """
@@ -14,7 +16,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 from freezing.audit import FreezeAudit
 from freezing.gates import gate
-from freezing.masked_optimizer import POLICIES, MaskedOptimizer
+from freezing.masked_optimizer import NORMS, POLICIES, MaskedOptimizer
+from freezing.schedule import MaskSchedule
 from study.optimizers import OPTIMIZERS, make_optimizer
 from freezing.selection import select_variables, variable_path
 from freezing.slots import SlotStash, reset_slots, restore_slots, slot_initial_value, slots, stash_slots
@@ -26,7 +29,9 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 
 __all__ = [
     "FreezeAudit",
+    "MaskSchedule",
     "MaskedOptimizer",
+    "NORMS",
     "POLICIES",
     "SlotStash",
     "gate",

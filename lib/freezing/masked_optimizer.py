@@ -1,26 +1,58 @@
 """``MaskedOptimizer``: per-element freezing that any Keras 3 optimizer honours exactly.
 
 A stop_gradient mask freezes entries under SGD but not under Adam, momentum or weight decay: the
-optimizer still moves an entry whose gradient is zero. ``MaskedOptimizer`` fixes that at the one
-place every Keras optimizer writes its state, the ``assign``/``assign_add``/``assign_sub`` calls
-of ``update_step``. For the duration of one ``apply_gradients`` call those three methods of the
-wrapped optimizer are intercepted, and every write to a masked variable or to one of its slots is
-turned into a write that leaves the frozen entries alone:
+optimizer still moves an entry whose gradient is zero. ``MaskedOptimizer`` is a Keras optimizer that
+wraps another one (the pattern of Keras' own ``LossScaleOptimizer``) and fixes that at the places the
+wrapped optimizer writes. At ``build`` it installs, once, an interception of the wrapped optimizer's
+``assign``/``assign_add``/``assign_sub`` (every ``update_step`` writes through them), of its weight
+decay, its EMA update and overwrite, and its gradient-accumulator update. While ``MaskedOptimizer``
+applies a step, a write to a masked variable or to one of its slots leaves the frozen entries' bits
+alone::
 
-* ``assign(t, new)``     -> ``assign(t, where(keep, new, t))``
-* ``assign_add(t, d)``   -> ``assign_add(t, where(keep, d, -0.0))``   (x + -0.0 == x, bit for bit)
-* ``assign_sub(t, d)``   -> ``assign_sub(t, where(keep, d, +0.0))``   (x - +0.0 == x, bit for bit)
+    assign(t, new)    -> assign(t, where(keep, new, t))
+    assign_add(t, d)  -> assign_add(t, where(keep, d, -0.0))    # x + -0.0 == x, bit for bit
+    assign_sub(t, d)  -> assign_sub(t, where(keep, d, +0.0))    # x - +0.0 == x, bit for bit
 
-so the frozen entries keep their value and their moments bit for bit ("hold"), or keep their
-value while their moments go back to the initial value ("reset"). No copy of any variable or
-slot is kept between steps or made within one: the wrapper's only persistent state is one Python
-float per slot, its initial value.
+Outside such a step the wrapped optimizer behaves exactly as before. No copy of any variable or
+slot is made. What is held, per policy:
+
+* ``"hold"``  -- value, moments (every slot), EMA average and gradient accumulator of a frozen entry
+  keep their bits; unfrozen later, the entry resumes from the moments it had.
+* ``"reset"`` -- value held; moments go back to their initial value (the seed's fix, done in the step).
+* ``"none"``  -- the wrapped optimizer runs on gradients whose frozen entries are zero: the drifting
+  baseline a ``stop_gradient`` mask gives.
+
+Masks are optimizer state: one boolean variable per trainable variable, scalar ``True`` ("no mask",
+1 byte) until ``set_mask`` stores a mask (1 byte per stored entry; a mask broadcastable to the
+variable, such as one per output column, is stored at its own shape). The graph reads these
+variables, so a mask changed between batches or epochs takes effect on the next step with no
+recompiling and no retracing, and masks save with the model and restore from a checkpoint.
+
+Edge cases, decided:
+
+* ``norms="trainable"`` (default): the wrapped optimizer sees zero gradient at frozen entries, so
+  ``clipnorm``/``global_clipnorm`` and Adafactor's factored statistics see trainable entries only
+  (as if the frozen entries were not trainable). ``norms="all"``: they see every entry's gradient.
+  Lamb's trust ratio ``||w|| / ||update||`` is computed by Lamb over the whole variable in both modes.
+* Adafactor: per-element masks hold values and the full-shape ``velocity`` exactly. Its factored row
+  and column statistics are shared by a whole row or column: a row's statistic is held only when
+  every entry of the row is frozen, and updated (from the trainable entries' gradients) otherwise.
+* Constraints: applied to trainable entries only; a frozen entry never changes. The constraint
+  itself still sees the whole variable (a max-norm constraint computes the norm over all entries).
+* Gradient accumulation: a frozen entry's accumulator does not grow, and on the step that applies
+  the accumulated gradient a frozen entry's value and slots are held.
+* ``keras.optimizers.LossScaleOptimizer`` and ``MultiOptimizer`` work on either side. Under a
+  ``mixed_float16`` policy ``compile`` puts a ``LossScaleOptimizer`` outside (the nesting to use with
+  ``fit``); ``MaskedOptimizer(LossScaleOptimizer(...))`` is for custom loops, where ``scale_loss`` is
+  forwarded.
+* ``tf.distribute`` strategies are refused with a clear error at construction and build.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+import difflib
+import warnings
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import keras
@@ -32,192 +64,570 @@ from freezing.slots import slot_initial_value, slots
 from freezing.validation import check_choice
 
 POLICIES = ("hold", "reset", "none")
-"""hold: frozen values and moments unchanged; reset: values unchanged, moments re-initialised;
-none: the inner optimizer runs on gated gradients (the drifting baseline)."""
+"""hold: frozen values and all their optimizer state unchanged; reset: values unchanged, moments
+re-initialised; none: the inner optimizer runs on gated gradients (the drifting baseline)."""
+
+NORMS = ("trainable", "all")
+"""Whether gradient norms (clipping, Adafactor statistics) see frozen entries' gradients."""
+
+MaskFn = Callable[[Any, Any], Any]
+"""``mask_fn(step, variable) -> keep or None``: computed in the graph at every step."""
+
+# Keras optimizers whose update of an entry depends only on that entry's gradient and state: zeroing
+# frozen gradients changes nothing they write, so norms="trainable" skips that work for them.
+_ELEMENTWISE = (
+    keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.AdamW, keras.optimizers.Adamax,
+    keras.optimizers.Nadam, keras.optimizers.RMSprop, keras.optimizers.Adagrad,
+    keras.optimizers.Adadelta, keras.optimizers.Ftrl, keras.optimizers.Lion, keras.optimizers.Lamb,
+)
 
 
 class _Target:
     """What an intercepted write touches: a masked variable's value or one of its slots."""
 
-    __slots__ = ("keep", "reset_to", "name")
+    __slots__ = ("keep", "reset_to")
 
-    def __init__(self, keep: tf.Tensor, reset_to: float | None, name: str):
-        self.keep, self.reset_to, self.name = keep, reset_to, name
+    def __init__(self, keep: tf.Tensor, reset_to: float | None):
+        self.keep, self.reset_to = keep, reset_to
 
 
-class MaskedOptimizer:
-    """Wrap a Keras 3 optimizer so that ``apply_gradients(..., masks=...)`` freezes entries exactly.
+def _leaves(optimizer: keras.optimizers.Optimizer) -> list[keras.optimizers.Optimizer]:
+    """The optimizers that actually write variables, looking through LossScale and Multi optimizers."""
+    if isinstance(optimizer, MaskedOptimizer):
+        raise ValueError("MaskedOptimizer: the inner optimizer is itself a MaskedOptimizer; wrap the plain one once")
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return _leaves(optimizer.inner_optimizer)
+    multi = getattr(keras.optimizers, "MultiOptimizer", None)
+    if multi is not None and isinstance(optimizer, multi):
+        return [leaf for sub in optimizer.optimizers for leaf in _leaves(sub)]
+    return [optimizer]
 
-    ``opt = MaskedOptimizer(keras.optimizers.Adam(1e-3)); opt.build(model.trainable_variables);
-    opt.apply_gradients(zip(grads, variables), masks=[keep_kernel, None])``
+
+def _refuse_distribution(where: str) -> None:
+    strategy = tf.distribute.get_strategy()
+    if tf.distribute.has_strategy() and not isinstance(strategy, tf.distribute.OneDeviceStrategy):
+        raise ValueError(
+            f"MaskedOptimizer ({where}): tf.distribute strategies are not supported (got "
+            f"{type(strategy).__name__}); allowed: the default strategy or OneDeviceStrategy"
+        )
+
+
+@keras.saving.register_keras_serializable(package="freezing")
+class MaskedOptimizer(keras.optimizers.Optimizer):
+    """A Keras optimizer that freezes chosen entries of chosen variables exactly, under any inner optimizer.
+
+    Args:
+        inner: the optimizer that does the update: an instance, or anything ``keras.optimizers.get``
+            accepts (``"adam"``, a config dict).
+        policy: ``"hold"`` (default), ``"reset"`` or ``"none"``; see ``POLICIES``.
+        mask_fn: optional ``mask_fn(step, variable) -> keep or None``, called in the graph at every
+            step (``step`` is the iterations tensor): masks computed each step with nothing stored,
+            ANDed with the stored mask. Save only module-level functions; a lambda is not saved.
+        norms: ``"trainable"`` (default) or ``"all"``: whether clipping norms and Adafactor's
+            statistics see frozen entries' gradients.
+        name: the optimizer's name.
+
+    Returns:
+        A ``keras.optimizers.Optimizer`` for ``model.compile`` or a custom loop.
+
+    Raises:
+        ValueError: an unknown policy or norms, a nested MaskedOptimizer, or a tf.distribute strategy.
+
+    Example:
+
+    >>> import keras, numpy as np
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="fc")])
+    >>> opt = MaskedOptimizer(keras.optimizers.Adam(0.1))
+    >>> model.compile(optimizer=opt, loss="mse")
+    >>> kernel = model.get_layer("fc").kernel
+    >>> before = kernel.numpy().copy()
+    >>> opt.set_mask(kernel, [[1, 0], [1, 0], [1, 0]])   # column 1 frozen
+    >>> _ = model.fit(np.ones((8, 3)), np.ones((8, 2)), epochs=2, verbose=0)
+    >>> bool((kernel.numpy()[:, 1] == before[:, 1]).all()), bool((kernel.numpy()[:, 0] != before[:, 0]).all())
+    (True, True)
     """
 
-    def __init__(self, inner: keras.optimizers.Optimizer, policy: str = "hold"):
+    def __init__(
+        self,
+        inner: Any,
+        policy: str = "hold",
+        mask_fn: MaskFn | None = None,
+        norms: str = "trainable",
+        name: str | None = None,
+        **kwargs: Any,
+    ):
+        _refuse_distribution("construction")
+        for option in ("use_ema", "gradient_accumulation_steps", "weight_decay", "clipnorm",
+                       "global_clipnorm", "clipvalue", "loss_scale_factor"):
+            if kwargs.get(option) not in (None, False):
+                raise ValueError(f"MaskedOptimizer: set {option!r} on the inner optimizer, not on the wrapper")
+            kwargs.pop(option, None)
+        kwargs.pop("learning_rate", None)
+        super().__init__(learning_rate=0.0, name=name, **kwargs)
         if not isinstance(inner, keras.optimizers.Optimizer):
-            raise TypeError(f"MaskedOptimizer: inner must be a Keras 3 optimizer; got {type(inner).__name__}")
-        self.policy = check_choice("MaskedOptimizer policy", policy, POLICIES)
-        if policy != "none" and (inner.use_ema or inner.gradient_accumulation_steps):
-            raise ValueError(
-                "MaskedOptimizer: use_ema and gradient_accumulation_steps write variables outside "
-                "update_step and cannot be masked; allowed with policy='none' only"
-            )
+            try:
+                inner = keras.optimizers.get(inner)
+            except ValueError:
+                raise ValueError(
+                    f"MaskedOptimizer: inner must be a Keras 3 optimizer, its name (like 'adam') or its config "
+                    f"dict; got {type(inner).__name__} {inner!r:.80}"
+                ) from None
+        _leaves(inner)  # refuses a nested MaskedOptimizer early
         self.inner = inner
-        self._initial: dict[int, float] = {}  # slot key -> initial value, read at build
+        self.policy = check_choice("MaskedOptimizer policy", policy, POLICIES)
+        self.norms = check_choice("MaskedOptimizer norms", norms, NORMS)
+        if mask_fn is not None and not callable(mask_fn):
+            raise ValueError(f"MaskedOptimizer: mask_fn must be callable(step, variable) or None; got {mask_fn!r}")
+        self.mask_fn = mask_fn
+        # Plain Python state, kept out of Keras' and TF's attribute tracking.
+        object.__setattr__(self, "_pending", {})  # masks set before build, by path
+        object.__setattr__(self, "_mask_index", {})  # variable key -> index into _mask_list
+        object.__setattr__(self, "_active", None)  # {key: _Target}, set only while a masked step runs
+        object.__setattr__(self, "_initial", {})  # slot key -> initial value, for policy="reset"
+        self._masks = _MaskStore()  # tracked by TF: the masks save with checkpoints
 
-    # -- the Keras optimizer surface -------------------------------------------------------------
+    # -- the Keras optimizer surface, forwarded to the inner optimizer ---------------------------
+    @property
+    def learning_rate(self) -> Any:
+        """The inner optimizer's learning rate (settable)."""
+        return self.inner.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value: Any) -> None:
+        self.inner.learning_rate = value
+
     @property
     def iterations(self) -> Any:
-        """The inner optimizer's step counter. ``opt.iterations.numpy()``"""
+        """The inner optimizer's step counter."""
         return self.inner.iterations
 
     @property
-    def learning_rate(self) -> Any:
-        """The inner optimizer's learning rate. ``opt.learning_rate``"""
-        return self.inner.learning_rate
-
-    @property
     def variables(self) -> list[Any]:
-        """The inner optimizer's variables (no extra state is added). ``len(opt.variables)``"""
-        return self.inner.variables
+        """The inner optimizer's variables, then one mask variable per built variable."""
+        return list(self.inner.variables) + list(self._masks.keep)
 
-    @property
-    def built(self) -> bool:
-        """Whether ``build`` has run. ``opt.built``"""
-        return self.inner.built
+    def scale_loss(self, loss: Any) -> Any:
+        """Forward loss scaling to an inner ``LossScaleOptimizer`` (identity otherwise)."""
+        return self.inner.scale_loss(loss)
 
-    def build(self, variables: Iterable[Any]) -> None:
-        """Build for the full variable list, so any subset may be applied later. ``opt.build(model.trainable_variables)``"""
-        variables = list(variables)
-        fresh = not self.inner.built
-        if fresh:
-            self.inner.build(variables)
-        else:
-            self.inner._check_variables_are_known(variables)
-        for v in variables:
-            for name, slot in slots(self.inner, v).items():
-                key = self.inner._var_key(slot)
-                value = np.asarray(slot.numpy()) if fresh and tf.executing_eagerly() else None
-                if value is not None and value.size and np.all(value == value.flat[0]):
-                    self._initial[key] = float(value.flat[0])
-                else:
-                    self._initial[key] = slot_initial_value(self.inner, name)
+    def finalize_variable_values(self, var_list: Sequence[Any]) -> None:
+        """Forward to the inner optimizer (EMA's final overwrite), holding frozen entries."""
+        self.inner.finalize_variable_values(var_list)
 
-    def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]], masks: Sequence[Any] | None = None) -> Any:
-        """Apply one step; ``masks[i]`` (None, scalar or broadcastable; 1 = train) gates variable i. ``opt.apply_gradients(gv, masks=[m])``"""
-        grads_and_vars = list(grads_and_vars)
-        variables = [v for _, v in grads_and_vars]
-        if not self.built:
-            self.build(variables)
-        if masks is None:
-            return self.inner.apply_gradients(grads_and_vars)
-        masks = list(masks)
-        if len(masks) > len(grads_and_vars):
-            raise ValueError(
-                f"MaskedOptimizer: got {len(masks)} masks for {len(grads_and_vars)} variables; "
-                "expected at most one mask per (gradient, variable) pair"
-            )
-        masks += [None] * (len(grads_and_vars) - len(masks))
-        keeps = [_as_keep(m, v, i) for i, (m, v) in enumerate(zip(masks, variables))]
-        if self.policy == "none":
-            gated = [
-                (g if k is None or g is None else tf.where(k, g, tf.zeros_like(g)), v)
-                for (g, v), k in zip(grads_and_vars, keeps)
-            ]
-            return self.inner.apply_gradients(gated)
-        targets = self._targets(variables, keeps)
-        with self._intercept(targets):
-            return self.inner.apply_gradients(grads_and_vars)
+    # -- build: the mask variables and the one-time interception ----------------------------------
+    def build(self, var_list: Sequence[Any]) -> None:
+        """Build the inner optimizer, one mask variable per variable, and install the interception.
 
-    def apply(self, grads: Sequence[Any], variables: Sequence[Any], masks: Sequence[Any] | None = None) -> Any:
-        """Keras-3 style ``apply(grads, variables)`` with masks. ``opt.apply(grads, model.trainable_variables, masks)``"""
-        return self.apply_gradients(zip(grads, variables), masks=masks)
-
-    # -- the interception ------------------------------------------------------------------------
-    def _targets(self, variables: Sequence[Any], keeps: Sequence[tf.Tensor | None]) -> dict[int, _Target]:
-        key = self.inner._var_key
-        targets: dict[int, _Target] = {}
-        for v, keep in zip(variables, keeps):
-            if keep is None:
-                continue
-            path = variable_path(v)
-            if getattr(v, "constraint", None) is not None:
-                raise ValueError(
-                    f"MaskedOptimizer: variable {path!r} has a constraint, which Keras applies after the "
-                    "step to every entry; masking it is not supported (remove the constraint or its mask)"
+        Args:
+            var_list: every variable this optimizer will ever update (any subset may be applied later).
+        """
+        if self.built:
+            return
+        _refuse_distribution("build")
+        var_list = list(var_list)
+        if not self.inner.built:
+            self.inner.build(var_list)
+        leaves = _leaves(self.inner)
+        with tf.init_scope():
+            for i, v in enumerate(var_list):
+                self._mask_index[self._var_key(v)] = i
+                self._masks.keep.append(
+                    tf.Variable(True, shape=tf.TensorShape(None), dtype=tf.bool, trainable=False,
+                                name=f"keep_{i}")
                 )
-            targets[key(v)] = _Target(keep, None, path)
-            for name, slot in slots(self.inner, v).items():
-                if keep.shape.rank != 0 and tuple(slot.shape) != tuple(v.shape):
-                    raise ValueError(
-                        f"MaskedOptimizer: slot {name!r} of {path!r} has shape {tuple(slot.shape)}, not the "
-                        f"variable's {tuple(v.shape)} (a factored optimizer such as Adafactor); "
-                        "per-element masks need slots shaped like the variable; use a scalar mask"
-                    )
-                reset_to = self._initial.get(key(slot), 0.0) if self.policy == "reset" else None
-                targets[key(slot)] = _Target(keep, reset_to, f"{path}:{name}")
+            for leaf in leaves:
+                for v in var_list:
+                    if self._knows(leaf, v):
+                        for name, slot in slots(leaf, v).items():
+                            value = np.asarray(slot.numpy())
+                            same = value.size and np.all(value == value.flat[0])
+                            initial = float(value.flat[0]) if same else slot_initial_value(leaf, name)
+                            self._initial[leaf._var_key(slot)] = initial
+        for leaf in leaves:
+            self._install(leaf)
+        super().build(var_list)
+        pending = dict(self._pending)
+        self._pending.clear()
+        with tf.init_scope():  # build may run while fit traces its step: store the masks now
+            for path, keep in pending.items():
+                self.set_mask(path, keep)
+
+    @staticmethod
+    def _knows(optimizer: Any, variable: Any) -> bool:
+        return optimizer.built and optimizer._var_key(variable) in optimizer._trainable_variables_indices
+
+    # -- masks as state ---------------------------------------------------------------------------
+    def _resolve(self, target: Any) -> Any:
+        """A variable or a path string -> the built variable (or the path itself before build)."""
+        if not self.built:
+            return variable_path(target) if not isinstance(target, str) else target
+        if isinstance(target, str):
+            by_path = {variable_path(v): v for v in self._trainable_variables}
+            if target in by_path:
+                return by_path[target]
+            close = difflib.get_close_matches(target, list(by_path), n=3, cutoff=0.5)
+            raise ValueError(
+                f"MaskedOptimizer: no variable with path {target!r}"
+                + (f"; close matches: {close}" if close else f"; paths: {sorted(by_path)[:8]}")
+            )
+        if self._var_key(target) not in self._mask_index:
+            raise ValueError(
+                f"MaskedOptimizer: variable {variable_path(target)!r} is not one this optimizer was built "
+                f"with ({len(self._trainable_variables)} variables); build it with every variable it will "
+                "update, e.g. opt.build(model.trainable_variables)"
+            )
+        return target
+
+    def set_mask(self, target: Any, keep: Any) -> None:
+        """Store a mask: entries where ``keep`` is 1/True train, the others stay frozen.
+
+        Args:
+            target: a variable, or its path string (``variable.path``).
+            keep: bool-like, broadcastable to the variable (a scalar, a row, a full array).
+
+        Raises:
+            ValueError: an unknown path (close matches listed), a variable the optimizer was not
+                built for, or a mask that does not broadcast to the variable.
+
+        >>> v = keras.Variable([1.0, 2.0, 3.0], name="w")
+        >>> opt = MaskedOptimizer("sgd"); opt.build([v])
+        >>> opt.set_mask(v, [True, False, True]); opt.get_mask(v).tolist()
+        [True, False, True]
+        """
+        variable = self._resolve(target)
+        if isinstance(variable, str):  # before build: validated and stored at build
+            self._pending[variable] = np.asarray(keep).astype(bool)
+            return
+        keep = _check_mask(keep, variable, "set_mask")
+        self._masks.keep[self._mask_index[self._var_key(variable)]].assign(keep)
+
+    def get_mask(self, target: Any) -> np.ndarray | None:
+        """Return the stored mask broadcast to the variable (True = trains), or None when there is none.
+
+        Args:
+            target: a variable, or its path string.
+
+        Returns:
+            A new boolean array shaped like the variable, or None.
+
+        >>> v = keras.Variable([[1.0, 2.0]], name="w")
+        >>> opt = MaskedOptimizer("adam"); opt.build([v])
+        >>> opt.get_mask(v) is None
+        True
+        >>> opt.set_mask("w", [False, True]); opt.get_mask("w").tolist()
+        [[False, True]]
+        """
+        variable = self._resolve(target)
+        if isinstance(variable, str):
+            keep = self._pending.get(variable)
+            return None if keep is None else np.array(keep)
+        keep = self._masks.keep[self._mask_index[self._var_key(variable)]].numpy()
+        if keep.ndim == 0 and bool(keep):
+            return None
+        return np.array(np.broadcast_to(keep, tuple(variable.shape)))
+
+    def clear_mask(self, target: Any) -> None:
+        """Remove the stored mask: every entry of the variable trains again.
+
+        Args:
+            target: a variable, or its path string.
+
+        >>> v = keras.Variable([1.0, 2.0], name="w")
+        >>> opt = MaskedOptimizer("adam"); opt.build([v]); opt.set_mask(v, [0, 1])
+        >>> opt.clear_mask(v); opt.get_mask(v) is None
+        True
+        """
+        variable = self._resolve(target)
+        if isinstance(variable, str):
+            self._pending.pop(variable, None)
+            return
+        self._masks.keep[self._mask_index[self._var_key(variable)]].assign(True)
+
+    def mask_bytes(self) -> int:
+        """Bytes the stored masks take (1 per stored entry, 1 per variable without a mask).
+
+        Returns:
+            The total size of the mask variables, in bytes.
+
+        >>> v = keras.Variable(np.zeros((4, 5)), name="w")
+        >>> opt = MaskedOptimizer("adam"); opt.build([v]); opt.mask_bytes()
+        1
+        >>> opt.set_mask(v, np.ones((4, 5))); opt.mask_bytes()
+        20
+        """
+        return int(sum(tf.size(m).numpy() * m.dtype.size for m in self._masks.keep))
+
+    # -- applying a step --------------------------------------------------------------------------
+    def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]], masks: Sequence[Any] | None = None) -> Any:
+        """Apply one step; ``masks[i]`` (None, scalar or broadcastable; 1 = train) overrides variable i's stored mask.
+
+        Args:
+            grads_and_vars: (gradient, variable) pairs, as for any Keras optimizer.
+            masks: optional per-pair masks for this call only.
+
+        Returns:
+            The iterations counter.
+
+        >>> w = keras.Variable([0.0, 0.0], name="w")
+        >>> opt = MaskedOptimizer(keras.optimizers.Adam(0.1))
+        >>> _ = opt.apply_gradients([(np.float32([1.0, 1.0]), w)], masks=[[1, 0]])
+        >>> np.round(w.numpy(), 3).tolist()
+        [-0.1, 0.0]
+        """
+        pairs = list(grads_and_vars)
+        grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
+        self.apply(grads, variables, masks=masks)
+        return self.iterations
+
+    def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None,
+              masks: Sequence[Any] | None = None) -> None:
+        """Keras' ``apply(grads, variables)``, with optional per-call masks; see ``apply_gradients``.
+
+        Args:
+            grads: gradients, one per variable.
+            trainable_variables: the variables (default: all it was built with, in order).
+            masks: optional per-variable masks overriding the stored ones for this call.
+        """
+        grads = list(grads)
+        if trainable_variables is None:
+            if not self.built:
+                raise ValueError("MaskedOptimizer.apply: pass the variables, or build the optimizer first")
+            variables = list(self._trainable_variables)
+        else:
+            variables = list(trainable_variables)
+            if not self.built:
+                self.build(variables)
+        if len(grads) != len(variables):
+            raise ValueError(f"MaskedOptimizer: got {len(grads)} gradients for {len(variables)} variables")
+        for v in variables:
+            self._resolve(v)  # a clear error for a variable the optimizer was not built for
+        if masks is not None:
+            masks = list(masks)
+            if len(masks) > len(variables):
+                raise ValueError(
+                    f"MaskedOptimizer: got {len(masks)} masks for {len(variables)} variables; "
+                    "expected at most one mask per (gradient, variable) pair"
+                )
+            masks += [None] * (len(variables) - len(masks))
+        keeps = [self._keep(v, None if masks is None else masks[i], i) for i, v in enumerate(variables)]
+        zero_frozen = self.policy == "none" or (self.norms == "trainable" and self._norms_see_gradients())
+        if zero_frozen:
+            grads = [g if g is None else _zero_where_frozen(g, k) for g, k in zip(grads, keeps)]
+        if self.policy == "none":
+            self.inner.apply(grads, variables)
+            return
+        object.__setattr__(self, "_active", self._targets(variables, keeps))
+        swapped = []
+        try:
+            for v, keep in zip(variables, keeps):
+                constraint = getattr(v, "constraint", None)
+                if constraint is not None:
+                    swapped.append((v, constraint))
+                    v.constraint = _masked_constraint(constraint, keep)
+            self.inner.apply(grads, variables)
+        finally:
+            object.__setattr__(self, "_active", None)
+            for v, constraint in swapped:
+                v.constraint = constraint
+
+    def _norms_see_gradients(self) -> bool:
+        """Whether zeroing frozen gradients can change what the inner optimizer writes."""
+        return any(
+            leaf.clipnorm or leaf.global_clipnorm or not isinstance(leaf, _ELEMENTWISE)
+            for leaf in _leaves(self.inner)
+        )
+
+    def _keep(self, variable: Any, override: Any, index: int) -> tf.Tensor:
+        """The boolean mask in force for ``variable`` this step (True = train)."""
+        if override is not None:
+            keep = _as_keep(override, variable, f"masks[{index}]")
+        else:
+            keep = tf.convert_to_tensor(self._masks.keep[self._mask_index[self._var_key(variable)]])
+        if self.mask_fn is not None:
+            extra = self.mask_fn(self.iterations, variable)
+            if extra is not None:
+                keep = tf.logical_and(keep, _as_keep(extra, variable, "mask_fn's result"))
+        return keep
+
+    def _targets(self, variables: Sequence[Any], keeps: Sequence[tf.Tensor]) -> dict[int, _Target]:
+        targets: dict[int, _Target] = {}
+        for leaf in _leaves(self.inner):
+            for v, keep in zip(variables, keeps):
+                if not self._knows(leaf, v):
+                    continue
+                targets[leaf._var_key(v)] = _Target(keep, None)
+                for name, slot in slots(leaf, v).items():
+                    key = leaf._var_key(slot)
+                    reset_to = self._initial.get(key, 0.0) if self.policy == "reset" else None
+                    targets[key] = _Target(_slot_keep(keep, v, slot, name), reset_to)
         return targets
 
-    @contextlib.contextmanager
-    def _intercept(self, targets: dict[int, _Target]) -> Iterator[None]:
-        inner = self.inner
-        key = inner._var_key
-        assign, assign_add, assign_sub = inner.assign, inner.assign_add, inner.assign_sub
-        decay = inner._apply_weight_decay
+    # -- the interception, installed once per writing optimizer ------------------------------------
+    def _install(self, leaf: keras.optimizers.Optimizer) -> None:
+        key = leaf._var_key
+        assign, assign_add, assign_sub = leaf.assign, leaf.assign_add, leaf.assign_sub
+        decay = leaf._apply_weight_decay
+        ema_update = leaf._update_model_variables_moving_average
+        ema_overwrite = leaf._overwrite_model_variables_with_average_value
+        accumulate = leaf._backend_increment_gradient_accumulators
+        wrapper = self
 
-        def masked_assign(target: Any, value: Any) -> Any:
-            t = targets.get(key(target))
+        def target(variable: Any) -> _Target | None:
+            active = wrapper._active
+            return None if active is None else active.get(key(variable))
+
+        def masked_assign(variable: Any, value: Any) -> Any:
+            t = target(variable)
             if t is None:
-                return assign(target, value)
-            value = _dense(value, target)
-            old = tf.convert_to_tensor(target) if t.reset_to is None else tf.cast(t.reset_to, target.dtype)
-            return assign(target, tf.where(t.keep, value, old))
+                return assign(variable, value)
+            value = _dense(value, variable)
+            old = tf.convert_to_tensor(variable) if t.reset_to is None else tf.cast(t.reset_to, variable.dtype)
+            return assign(variable, _where(t.keep, value, old, variable))
 
         def masked_increment(write: Any, pad: float, combine: Any) -> Any:
-            """assign_add/assign_sub that leave frozen entries' bits alone (x + -0.0 == x, x - +0.0 == x)."""
-
-            def increment(target: Any, value: Any) -> Any:
-                t = targets.get(key(target))
+            def increment(variable: Any, value: Any) -> Any:
+                t = target(variable)
                 if t is None:
-                    return write(target, value)
-                value = _dense(value, target)
+                    return write(variable, value)
+                value = _dense(value, variable)
                 if t.reset_to is None:
-                    return write(target, tf.where(t.keep, value, tf.constant(pad, target.dtype)))
-                new = combine(tf.convert_to_tensor(target), value)
-                return assign(target, tf.where(t.keep, new, tf.cast(t.reset_to, target.dtype)))
+                    return write(variable, _where(t.keep, value, tf.constant(pad, variable.dtype), variable))
+                new = combine(tf.convert_to_tensor(variable), value)
+                return assign(variable, _where(t.keep, new, tf.cast(t.reset_to, variable.dtype), variable))
 
             return increment
 
-        masked_add = masked_increment(assign_add, -0.0, tf.add)
-        masked_sub = masked_increment(assign_sub, 0.0, tf.subtract)
-
         def masked_decay(variables: Sequence[Any]) -> None:
-            plain = [v for v in variables if key(v) not in targets]
-            held = [v for v in variables if key(v) in targets]
-            decay(plain)
-            if inner.weight_decay is None:
-                return
-            standard = type(inner)._apply_weight_decay is keras.optimizers.Optimizer._apply_weight_decay
-            for v in held:
-                if not inner._use_weight_decay(v):
+            if wrapper._active is None or leaf.weight_decay is None:
+                return decay(variables)
+            decay([v for v in variables if target(v) is None])
+            standard = type(leaf)._apply_weight_decay is keras.optimizers.Optimizer._apply_weight_decay
+            for v in variables:
+                t = target(v)
+                if t is None or not leaf._use_weight_decay(v):
                     continue
                 var = v.value if isinstance(v, keras.Variable) else v
-                keep = targets[key(v)].keep
                 if standard:  # the TF backend's formula, with the frozen entries' decay set to +0
-                    lr = tf.cast(inner.learning_rate, var.dtype)
-                    wd = tf.cast(inner.weight_decay, var.dtype)
-                    var.assign_sub(tf.where(keep, var * wd * lr, tf.zeros_like(var)))
+                    lr = tf.cast(leaf.learning_rate, var.dtype)
+                    wd = tf.cast(leaf.weight_decay, var.dtype)
+                    var.assign_sub(_where(t.keep, var * wd * lr, tf.zeros_like(var), var))
                 else:  # an optimizer with its own decay rule: run it, then put frozen entries back
                     before = tf.identity(var)
                     decay([v])
-                    var.assign(tf.where(keep, tf.convert_to_tensor(var), before))
+                    var.assign(_where(t.keep, tf.convert_to_tensor(var), before, var))
 
-        inner.assign, inner.assign_add, inner.assign_sub = masked_assign, masked_add, masked_sub
-        inner._apply_weight_decay = masked_decay
-        try:
-            yield
-        finally:
-            for name in ("assign", "assign_add", "assign_sub", "_apply_weight_decay"):
-                del inner.__dict__[name]
+        def masked_ema_update(variables: Sequence[Any]) -> None:
+            if wrapper._active is None:
+                return ema_update(variables)
+            for var, average in zip(variables, leaf._model_variables_moving_average):
+                if average is None:
+                    continue
+                first = tf.cast(tf.not_equal(leaf.iterations, 0), var.dtype)
+                momentum = first * tf.cast(leaf.ema_momentum, var.dtype)
+                new = momentum * average + (1 - momentum) * tf.convert_to_tensor(var)
+                t = target(var)
+                average.assign(new if t is None else _where(t.keep, new, tf.convert_to_tensor(average), average))
+
+        def masked_ema_overwrite(variables: Sequence[Any]) -> None:
+            if wrapper._active is None:
+                return ema_overwrite(variables)
+            for var, average in zip(variables, leaf._model_variables_moving_average):
+                if average is None:
+                    continue
+                t = target(var)
+                new = tf.convert_to_tensor(average)
+                var.assign(new if t is None else _where(t.keep, new, tf.convert_to_tensor(var), var))
+
+        def masked_accumulate(grads: Sequence[Any], accumulators: Sequence[Any]) -> None:
+            if wrapper._active is None:
+                return accumulate(grads, accumulators)
+            for g, acc in zip(grads, accumulators):
+                t = target(acc)
+                new = tf.convert_to_tensor(acc) + _dense(g, acc)
+                acc.assign(new if t is None else _where(t.keep, new, tf.convert_to_tensor(acc), acc))
+
+        # Instance attributes shadow the class's methods; object.__setattr__ keeps Keras' tracker out.
+        for name, fn in (("assign", masked_assign),
+                         ("assign_add", masked_increment(assign_add, -0.0, tf.add)),
+                         ("assign_sub", masked_increment(assign_sub, 0.0, tf.subtract)),
+                         ("_apply_weight_decay", masked_decay),
+                         ("_update_model_variables_moving_average", masked_ema_update),
+                         ("_overwrite_model_variables_with_average_value", masked_ema_overwrite),
+                         ("_backend_increment_gradient_accumulators", masked_accumulate)):
+            object.__setattr__(leaf, name, fn)
+
+    # -- saving -----------------------------------------------------------------------------------
+    def load_own_variables(self, store: Any) -> None:
+        """Restore the inner optimizer's variables and the masks from a ``.keras`` file's store."""
+        variables = self.variables
+        if len(store.keys()) != len(variables):
+            raise ValueError(
+                f"MaskedOptimizer: the saved optimizer has {len(store.keys())} variables, this one "
+                f"{len(variables)}; was it saved from the same model and optimizer?"
+            )
+        for i, variable in enumerate(variables):
+            variable.assign(np.asarray(store[str(i)]))
+
+    def get_config(self) -> dict[str, Any]:
+        """The wrapper's config with the inner optimizer serialised (masks are state, not config)."""
+        mask_fn = None
+        if self.mask_fn is not None:
+            if getattr(self.mask_fn, "__name__", "<lambda>") in ("<lambda>",) or "<locals>" in getattr(
+                self.mask_fn, "__qualname__", ""
+            ):
+                warnings.warn(
+                    "MaskedOptimizer: mask_fn is a lambda or local function and is not saved; "
+                    "re-attach it after loading (opt.mask_fn = fn) or pass a module-level function",
+                    stacklevel=2,
+                )
+            else:
+                mask_fn = keras.saving.serialize_keras_object(self.mask_fn)
+        return {
+            "name": self.name,
+            "inner": keras.saving.serialize_keras_object(self.inner),
+            "policy": self.policy,
+            "norms": self.norms,
+            "mask_fn": mask_fn,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> MaskedOptimizer:
+        """Rebuild from ``get_config``'s output."""
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(config.pop("inner"), custom_objects=custom_objects)
+        mask_fn = config.pop("mask_fn", None)
+        if mask_fn is not None:
+            mask_fn = keras.saving.deserialize_keras_object(mask_fn, custom_objects=custom_objects)
+        return cls(inner, mask_fn=mask_fn, **config)
+
+
+class _MaskStore(tf.Module):
+    """The mask variables, one per built variable, in build order (a TF-tracked child for checkpoints)."""
+
+    def __init__(self) -> None:
+        super().__init__(name="masks")
+        self.keep: list[tf.Variable] = []
+
+
+def _masked_constraint(constraint: Callable[[Any], Any], keep: tf.Tensor) -> Callable[[Any], Any]:
+    def masked(value: Any) -> Any:
+        value = tf.convert_to_tensor(value)
+        return _where(keep, tf.convert_to_tensor(constraint(value), value.dtype), value, value)
+
+    return masked
+
+
+def _where(keep: tf.Tensor, new: Any, old: Any, like: Any) -> tf.Tensor:
+    """``tf.where(keep, new, old)`` with the static shape of ``like`` (a stored mask's shape is dynamic)."""
+    result = tf.where(keep, new, old)
+    if not tf.executing_eagerly() and result.shape != like.shape:
+        result.set_shape(like.shape)
+    return result
+
+
+def _zero_where_frozen(grad: Any, keep: tf.Tensor) -> tf.Tensor:
+    grad = tf.convert_to_tensor(grad)
+    return _where(keep, grad, tf.zeros((), grad.dtype), grad)
 
 
 def _dense(value: Any, target: Any) -> tf.Tensor:
@@ -227,10 +637,48 @@ def _dense(value: Any, target: Any) -> tf.Tensor:
     return tf.cast(value, target.dtype)
 
 
-def _as_keep(mask: Any, variable: Any, index: int) -> tf.Tensor | None:
-    """Validate one mask and return it as a boolean tensor (True = train this step)."""
-    if mask is None:
-        return None
+def _slot_keep(keep: tf.Tensor, variable: Any, slot: Any, name: str) -> tf.Tensor:
+    """The mask of a slot: the variable's, or for a factored statistic (Adafactor's row/column), any-of."""
+    var_shape, slot_shape = tuple(variable.shape), tuple(slot.shape)
+    if slot_shape == var_shape or keep.shape.rank == 0:
+        return keep
+    full = tf.broadcast_to(keep, var_shape)
+    for axis in range(len(var_shape)):
+        if var_shape[:axis] + var_shape[axis + 1:] == slot_shape:
+            return tf.reduce_any(full, axis=axis)
+    raise ValueError(
+        f"MaskedOptimizer: slot {name!r} of {variable_path(variable)!r} has shape {slot_shape}, which is "
+        f"neither the variable's {var_shape} nor the variable's with one axis reduced; only a scalar "
+        "mask can hold it"
+    )
+
+
+def _check_mask(keep: Any, variable: Any, where: str) -> np.ndarray:
+    """A stored mask as a boolean array, checked to broadcast to the variable without growing it."""
+    try:
+        array = np.asarray(keep)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"MaskedOptimizer.{where}: the mask for {variable_path(variable)!r} is not array-like: {e}") from None
+    if array.dtype.kind not in "biuf":
+        raise ValueError(
+            f"MaskedOptimizer.{where}: the mask for {variable_path(variable)!r} has dtype {array.dtype}; "
+            "expected bool or numbers (1/True = train, 0/False = frozen)"
+        )
+    shape = tuple(variable.shape)
+    try:
+        grown = np.broadcast_shapes(array.shape, shape) != shape
+    except ValueError:
+        grown = True
+    if grown or array.ndim > len(shape):
+        raise ValueError(
+            f"MaskedOptimizer.{where}: the mask for {variable_path(variable)!r} has shape {array.shape}; "
+            f"expected a scalar or a shape broadcastable to the variable's {shape}"
+        )
+    return array.astype(bool)
+
+
+def _as_keep(mask: Any, variable: Any, what: str) -> tf.Tensor:
+    """Validate one in-graph mask and return it as a boolean tensor (True = train this step)."""
     keep = tf.convert_to_tensor(mask)
     if keep.dtype != tf.bool:
         keep = tf.not_equal(keep, tf.zeros((), keep.dtype))
@@ -239,9 +687,10 @@ def _as_keep(mask: Any, variable: Any, index: int) -> tf.Tensor | None:
         broadcast = tf.broadcast_static_shape(keep.shape, shape)
     except ValueError:
         broadcast = None
-    if broadcast is None or (broadcast.is_fully_defined() and broadcast != shape) or keep.shape.rank is not None and keep.shape.rank > shape.rank:
+    too_many = keep.shape.rank is not None and keep.shape.rank > shape.rank
+    if broadcast is None or too_many or (broadcast.is_fully_defined() and broadcast != shape):
         raise ValueError(
-            f"MaskedOptimizer: masks[{index}] for {variable_path(variable)!r} has shape {keep.shape}; "
+            f"MaskedOptimizer: {what} for {variable_path(variable)!r} has shape {keep.shape}; "
             f"expected None, a scalar, or a shape broadcastable to the variable's {shape}"
         )
     return keep
