@@ -9,12 +9,14 @@ One module per idea:
                           optimizer honours exactly, in ``compile``/``fit`` and custom loops.
 * ``schedule``         -- ``MaskSchedule``: staged unfreezing inside one ``fit`` call.
 * ``audit``            -- ``FreezeAudit``: how many frozen entries moved, and by how much.
+* ``diagnose``         -- ``diagnose``: every cause that can move entries you believe frozen, and the fix.
 * ``gradients``        -- compute all gradients in one pass, transform, apply (TF2 and TF1 graph mode).
 """
 
 from importlib.metadata import PackageNotFoundError, version
 
 from freezing.audit import FreezeAudit
+from freezing.diagnose import CAUSES, Cause, Diagnosis, diagnose
 from freezing.gates import gate
 from freezing.masked_optimizer import NORMS, POLICIES, MaskedOptimizer
 from freezing.schedule import MaskSchedule
@@ -28,12 +30,16 @@ except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0+unknown"
 
 __all__ = [
+    "CAUSES",
+    "Cause",
+    "Diagnosis",
     "FreezeAudit",
     "MaskSchedule",
     "MaskedOptimizer",
     "NORMS",
     "POLICIES",
     "SlotStash",
+    "diagnose",
     "gate",
     "reset_slots",
     "restore_slots",
