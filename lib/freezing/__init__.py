@@ -10,17 +10,18 @@ One module per idea:
 * ``schedule``         -- ``MaskSchedule``: staged unfreezing inside one ``fit`` call.
 * ``audit``            -- ``FreezeAudit``: how many frozen entries moved, and by how much.
 * ``diagnose``         -- ``diagnose``: every cause that can move entries you believe frozen, and the fix.
+* ``determinism``      -- ``enable_determinism``: seeds plus op determinism, bit-reproducible on CPU.
 * ``gradients``        -- compute all gradients in one pass, transform, apply (TF2 and TF1 graph mode).
 """
 
 from importlib.metadata import PackageNotFoundError, version
 
 from freezing.audit import FreezeAudit
+from freezing.determinism import enable_determinism
 from freezing.diagnose import CAUSES, Cause, Diagnosis, diagnose
 from freezing.gates import gate
 from freezing.masked_optimizer import NORMS, POLICIES, MaskedOptimizer
 from freezing.schedule import MaskSchedule
-from study.optimizers import OPTIMIZERS, make_optimizer
 from freezing.selection import select_variables, variable_path
 from freezing.slots import SlotStash, reset_slots, restore_slots, slot_initial_value, slots, stash_slots
 
@@ -40,6 +41,7 @@ __all__ = [
     "POLICIES",
     "SlotStash",
     "diagnose",
+    "enable_determinism",
     "gate",
     "reset_slots",
     "restore_slots",

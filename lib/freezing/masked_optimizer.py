@@ -5,7 +5,7 @@ optimizer still moves an entry whose gradient is zero. ``MaskedOptimizer`` is a 
 wraps another one (the pattern of Keras' own ``LossScaleOptimizer``) and fixes that at the places the
 wrapped optimizer writes. At ``build`` it installs, once, an interception of the wrapped optimizer's
 ``assign``/``assign_add``/``assign_sub`` (every ``update_step`` writes through them), of its weight
-decay, its EMA update and overwrite, and its gradient-accumulator update. While ``MaskedOptimizer``
+decay, its EMA update and overwrite, and its gradient-accumulator update and reset. While ``MaskedOptimizer``
 applies a step, a write to a masked variable or to one of its slots leaves the frozen entries' bits
 alone::
 
@@ -32,15 +32,17 @@ Edge cases, decided:
 
 * ``norms="trainable"`` (default): the wrapped optimizer sees zero gradient at frozen entries, so
   ``clipnorm``/``global_clipnorm`` and Adafactor's factored statistics see trainable entries only
-  (as if the frozen entries were not trainable). ``norms="all"``: they see every entry's gradient.
-  Lamb's trust ratio ``||w|| / ||update||`` is computed by Lamb over the whole variable in both modes.
+  (as if the frozen entries were not trainable), and Lamb's trust ratio ``||w|| / ||update||`` sums
+  over trainable entries only. ``norms="all"``: they see every entry's gradient, and Lamb's ratio the
+  whole variable (Keras' own formula, frozen entries' weights and would-be update included).
 * Adafactor: per-element masks hold values and the full-shape ``velocity`` exactly. Its factored row
   and column statistics are shared by a whole row or column: a row's statistic is held only when
   every entry of the row is frozen, and updated (from the trainable entries' gradients) otherwise.
 * Constraints: applied to trainable entries only; a frozen entry never changes. The constraint
   itself still sees the whole variable (a max-norm constraint computes the norm over all entries).
-* Gradient accumulation: a frozen entry's accumulator does not grow, and on the step that applies
-  the accumulated gradient a frozen entry's value and slots are held.
+* Gradient accumulation: a frozen entry's accumulator neither grows nor resets, and on the step that
+  applies the accumulated gradient a frozen entry's value and slots are held; what it accumulated
+  while trainable is applied on the first update step after it is unfrozen.
 * ``keras.optimizers.LossScaleOptimizer`` and ``MultiOptimizer`` work on either side. Under a
   ``mixed_float16`` policy ``compile`` puts a ``LossScaleOptimizer`` outside (the nesting to use with
   ``fit``); ``MaskedOptimizer(LossScaleOptimizer(...))`` is for custom loops, where ``scale_loss`` is
@@ -470,6 +472,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         ema_update = leaf._update_model_variables_moving_average
         ema_overwrite = leaf._overwrite_model_variables_with_average_value
         accumulate = leaf._backend_increment_gradient_accumulators
+        reset_accumulators = leaf._backend_reset_gradient_accumulators
         wrapper = self
 
         def target(variable: Any) -> _Target | None:
@@ -546,15 +549,62 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                 new = tf.convert_to_tensor(acc) + _dense(g, acc)
                 acc.assign(new if t is None else _where(t.keep, new, tf.convert_to_tensor(acc), acc))
 
+        overrides = []
+        if isinstance(leaf, keras.optimizers.Lamb):
+            overrides.append(("update_step", self._lamb_update_step(leaf, target)))
+        def masked_reset_accumulators() -> None:
+            if wrapper._active is None:
+                return reset_accumulators()
+            for acc in leaf._accumulated_gradients:
+                if acc is None:
+                    continue
+                t = target(acc)
+                zero = tf.zeros(acc.shape, acc.dtype)
+                acc.assign(zero if t is None else _where(t.keep, zero, tf.convert_to_tensor(acc), acc))
+
         # Instance attributes shadow the class's methods; object.__setattr__ keeps Keras' tracker out.
-        for name, fn in (("assign", masked_assign),
+        for name, fn in (*overrides,("assign", masked_assign),
                          ("assign_add", masked_increment(assign_add, -0.0, tf.add)),
                          ("assign_sub", masked_increment(assign_sub, 0.0, tf.subtract)),
                          ("_apply_weight_decay", masked_decay),
                          ("_update_model_variables_moving_average", masked_ema_update),
                          ("_overwrite_model_variables_with_average_value", masked_ema_overwrite),
-                         ("_backend_increment_gradient_accumulators", masked_accumulate)):
+                         ("_backend_increment_gradient_accumulators", masked_accumulate),
+                         ("_backend_reset_gradient_accumulators", masked_reset_accumulators)):
             object.__setattr__(leaf, name, fn)
+
+    def _lamb_update_step(self, leaf: Any, target: Callable[[Any], _Target | None]) -> Callable[..., None]:
+        """Lamb's step with its trust ratio over trainable entries only, for ``norms="trainable"``.
+
+        Keras' ``Lamb.update_step`` with ``||w||`` and ``||update||`` summed where the mask trains; the
+        same formula otherwise (``norms="all"``, or a variable without a target this step).
+        """
+        plain = leaf.update_step
+        wrapper = self
+
+        def update_step(gradient: Any, variable: Any, learning_rate: Any) -> None:
+            t = target(variable)
+            if t is None or wrapper.norms != "trainable":
+                return plain(gradient, variable, learning_rate)
+            dtype = variable.dtype
+            lr = tf.cast(learning_rate, dtype)
+            gradient = tf.cast(gradient, dtype)
+            step = tf.cast(leaf.iterations + 1, dtype)
+            beta_1_power = tf.pow(tf.cast(leaf.beta_1, dtype), step)
+            beta_2_power = tf.pow(tf.cast(leaf.beta_2, dtype), step)
+            index = leaf._get_variable_index(variable)
+            m, v = leaf._momentums[index], leaf._velocities[index]
+            leaf.assign_add(m, (gradient - m) * (1 - leaf.beta_1))
+            leaf.assign_add(v, (tf.square(gradient) - v) * (1 - leaf.beta_2))
+            update = (m / (1.0 - beta_1_power)) / (tf.sqrt(v / (1.0 - beta_2_power)) + leaf.epsilon)
+            value = tf.convert_to_tensor(variable)
+            zero = tf.zeros((), dtype)
+            w_norm = tf.sqrt(tf.reduce_sum(tf.where(t.keep, tf.square(value), zero)))
+            g_norm = tf.sqrt(tf.reduce_sum(tf.where(t.keep, tf.square(update), zero)))
+            ratio = tf.where(w_norm > 0, tf.where(g_norm > 0, w_norm / g_norm, 1.0), 1.0)
+            leaf.assign_sub(variable, ratio * lr * update)
+
+        return update_step
 
     # -- saving -----------------------------------------------------------------------------------
     def load_own_variables(self, store: Any) -> None:

@@ -15,7 +15,29 @@ import tensorflow as tf
 
 
 def variable_path(variable: Any) -> str:
-    """Return the slash-separated path of a Keras or TF variable. ``variable_path(layer.kernel) == "fc1/kernel"``"""
+    """Return the slash-separated path of a Keras or TF variable, without TF's ``:0`` suffix.
+
+    Keras 3 variables have a ``path`` (``"fc1/kernel"``, or ``"model/fc1/kernel"`` inside a model
+    with an input); plain ``tf.Variable`` objects only have a ``name`` (``"w:0"``), from which the
+    output index is dropped. This is the string that ``select_variables`` matches scopes and patterns
+    against, and the name ``FreezeAudit`` records.
+
+    Args:
+        variable: a ``keras.Variable``, a ``tf.Variable``, or anything with a ``path`` or ``name``.
+
+    Returns:
+        The path, such as ``"fc1/kernel"`` or ``"w"``.
+
+    Example:
+        >>> import keras
+        >>> import tensorflow as tf
+        >>> layer = keras.layers.Dense(2, name="fc1")
+        >>> layer.build((None, 3))
+        >>> variable_path(layer.kernel)
+        'fc1/kernel'
+        >>> variable_path(tf.Variable([1.0, 2.0], name="w"))
+        'w'
+    """
     path = getattr(variable, "path", None)
     if path is None:
         path = variable.name
@@ -47,11 +69,44 @@ def select_variables(
 ) -> list[Any]:
     """Return the variables of ``source`` under ``scope`` whose path matches ``pattern``.
 
-    ``select_variables(gan, scope="generator/")`` -> every trainable variable whose path is
-    ``generator/...``. ``scope`` is a path prefix, absolute or relative to ``source`` (Keras 3 paths
-    read ``model/layer/var``), and matches whole components ("gen" does not match "generator");
-    ``pattern`` is a regular expression searched in the path. Raises ``ValueError`` when nothing
-    matches, naming the scope and listing the prefixes that exist.
+    TF2's ``tf.get_collection(TRAINABLE_VARIABLES, scope)``: ``select_variables(gan,
+    scope="generator/")`` is every trainable variable whose path is ``generator/...``, ready to
+    pass as the ``var_list`` of an optimizer. ``scope`` is a path prefix, absolute or relative to
+    ``source`` (Keras 3 paths read ``model/layer/var``), and matches whole path components
+    (``"gen"`` does not match ``"generator"``); leading and trailing slashes are ignored.
+    ``pattern`` is a regular expression searched (``re.search``) in the path. With both, a variable
+    must satisfy both. The variables keep the order of ``source``.
+
+    Args:
+        source: a Keras layer or model, a ``tf.Module``, or an iterable of variables.
+        scope: path prefix to select, or None for every variable.
+        pattern: regular expression the path must contain, or None.
+        trainable_only: if True (the default), only trainable variables are considered, as with
+            ``TRAINABLE_VARIABLES``; if False, every variable (batch-norm statistics included).
+
+    Returns:
+        A non-empty list of the matching variables.
+
+    Raises:
+        ValueError: when nothing matches (an empty ``var_list`` would silently train nothing); the
+            message names the scope and pattern and lists the prefixes that exist, or says that
+            the source has no (trainable) variables, or is not built yet.
+        TypeError: when ``source`` is none of the accepted kinds.
+        re.error: when ``pattern`` is not a valid regular expression.
+
+    Example:
+        >>> import keras
+        >>> net = keras.Sequential(
+        ...     [keras.Input((3,)), keras.layers.Dense(4, name="g1"), keras.layers.Dense(1, name="d1")],
+        ...     name="net")
+        >>> [variable_path(v) for v in select_variables(net, scope="g1")]
+        ['net/g1/kernel', 'net/g1/bias']
+        >>> [variable_path(v) for v in select_variables(net, pattern=r"/kernel$")]
+        ['net/g1/kernel', 'net/d1/kernel']
+        >>> select_variables(net, scope="g")
+        Traceback (most recent call last):
+        ...
+        ValueError: select_variables: scope='g' pattern=None matched none of 4 trainable variables; available prefixes: d1/ (2), g1/ (2)
     """
     variables = _all_variables(source, trainable_only)
     if not variables:

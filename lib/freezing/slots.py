@@ -71,7 +71,37 @@ def _keras_slots(optimizer: keras.optimizers.Optimizer, variable: Any) -> dict[s
 
 
 def slots(optimizer: Any, variable: Any) -> dict[str, Any]:
-    """Return every optimizer-state variable of ``variable``. ``slots(adam, w) -> {"momentum": m, "velocity": v}``"""
+    """Return every optimizer-state variable (slot) of ``variable``, by name.
+
+    Keras 3 slots are named as Keras names them (Adam: ``momentum``, ``velocity``, and
+    ``velocity_hat`` with AMSGrad; Adagrad: ``accumulator``; ...); ``tf.compat.v1.train`` slots by
+    their slot names (Adam: ``m``, ``v``; RMSProp: ``rms``, ``momentum``, ``mg``). Wrappers
+    (``MaskedOptimizer``, ``LossScaleOptimizer``) are looked through. Plain SGD has none.
+
+    Args:
+        optimizer: a Keras 3 optimizer (built), a ``tf.compat.v1.train.Optimizer``, or a wrapper of one.
+        variable: a variable the optimizer trains.
+
+    Returns:
+        ``{slot name: slot variable}``; empty when the optimizer keeps no state for it (or, for a
+        ``tf.compat.v1`` optimizer, has not created its slots yet).
+
+    Raises:
+        ValueError: if the Keras optimizer is not built yet, or was not built with ``variable``.
+        TypeError: if ``optimizer`` is not an optimizer of a supported kind.
+
+    Example:
+        >>> import keras
+        >>> import tensorflow as tf
+        >>> w = tf.Variable([0.0, 0.0], name="w")
+        >>> adam = keras.optimizers.Adam(0.1)
+        >>> adam.build([w])
+        >>> _ = adam.apply_gradients([(tf.constant([1.0, -1.0]), w)])
+        >>> sorted(slots(adam, w))
+        ['momentum', 'velocity']
+        >>> slots(adam, w)["momentum"].numpy().round(4).tolist()
+        [0.1, -0.1]
+    """
     optimizer = _unwrap(optimizer)
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         found = {name: optimizer.get_slot(variable, name) for name in optimizer.get_slot_names()}
@@ -85,8 +115,37 @@ def slots(optimizer: Any, variable: Any) -> dict[str, Any]:
 
 
 def slot_initial_value(optimizer: Any, slot_name: str) -> float:
-    """Return the value a slot starts from: 0, or the accumulator's start. ``slot_initial_value(adagrad, "accumulator") == 0.1``"""
+    """Return the value a slot starts from, the value ``reset_slots`` puts back.
+
+    0 for most slots; the optimizer's ``initial_accumulator_value`` for the accumulators of
+    Adagrad and FTRL (Keras ``accumulator``, ``tf.compat.v1`` ``accumulator``/``accum``) and its
+    ``initial_gradient_squared_accumulator_value`` for ``tf.compat.v1`` AdagradDA; 1 for the ``rms``
+    slot of ``tf.compat.v1.train.RMSPropOptimizer``, which starts at ones.
+
+    Args:
+        optimizer: an optimizer, or a wrapper of one; it need not be built.
+        slot_name: a slot name as ``slots`` returns it.
+
+    Returns:
+        The initial value, as a float.
+
+    Example:
+        >>> import keras
+        >>> import tensorflow as tf
+        >>> slot_initial_value(keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.25), "accumulator")
+        0.25
+        >>> slot_initial_value(keras.optimizers.Adam(0.1), "velocity")
+        0.0
+        >>> slot_initial_value(tf.compat.v1.train.RMSPropOptimizer(0.1), "rms")
+        1.0
+    """
     optimizer = _unwrap(optimizer)
+    if slot_name == "rms" and isinstance(optimizer, tf.compat.v1.train.RMSPropOptimizer):
+        return 1.0  # TF1's RMSProp initializes its mean square with ones, not zeros
+    if slot_name == "gradient_squared_accumulator" and hasattr(
+        optimizer, "_initial_gradient_squared_accumulator_value"
+    ):
+        return float(optimizer._initial_gradient_squared_accumulator_value)
     if slot_name in ("accumulator", "accum"):
         for attr in ("initial_accumulator_value", "_initial_accumulator_value"):
             if hasattr(optimizer, attr):
@@ -123,8 +182,37 @@ def reset_slots(
 ) -> Any:
     """Set the slots of ``variable`` back to their initial values, everywhere or where ``where`` is true.
 
-    ``reset_slots(adam, w, where=~mask)`` zeroes m and v of the frozen entries, the seed's fix.
-    In graph mode returns the assign op (run now when ``session`` is given).
+    ``reset_slots(adam, w, where=~mask)`` zeroes m and v of the frozen entries, the seed's fix: a
+    frozen entry whose moments are zero gets a zero Adam step from a zero gradient. Every slot of
+    ``variable`` is reset to ``slot_initial_value`` (or to ``value``) in one assign per slot.
+
+    Args:
+        optimizer: as for ``slots``.
+        variable: a variable the optimizer trains.
+        where: a boolean mask that broadcasts to the variable's shape (array, list or tensor; a
+            placeholder in graph mode), True where to reset; None resets every entry.
+        value: the value to write instead of each slot's initial value.
+        session: graph mode only: a ``tf.compat.v1.Session`` that runs the op now.
+
+    Returns:
+        None in eager mode (the slots are assigned at once); in graph mode the grouped assign op,
+        to run now (when ``session`` is given it has been run already) or later.
+
+    Raises:
+        ValueError, TypeError: as ``slots`` does.
+
+    Example:
+        >>> import keras
+        >>> import tensorflow as tf
+        >>> w = tf.Variable([0.0, 0.0, 0.0], name="w")
+        >>> adam = keras.optimizers.Adam(0.1)
+        >>> adam.build([w])
+        >>> _ = adam.apply_gradients([(tf.constant([1.0, 1.0, 1.0]), w)])
+        >>> reset_slots(adam, w, where=[True, False, True])
+        >>> slots(adam, w)["momentum"].numpy().round(4).tolist()
+        [0.0, 0.1, 0.0]
+        >>> slots(adam, w)["velocity"].numpy().round(4).tolist()
+        [0.0, 0.001, 0.0]
     """
     ops = [
         _assign_where(slot, where, slot_initial_value(optimizer, name) if value is None else value)
@@ -135,14 +223,57 @@ def reset_slots(
 
 @dataclass(frozen=True)
 class SlotStash:
-    """Saved slot values of one variable and the entries they are saved for."""
+    """Saved slot values of one variable and the entries they are saved for, made by ``stash_slots``.
+
+    Args:
+        values: ``{slot name: saved value}`` (tensors in eager mode, NumPy arrays in graph mode).
+        where: the boolean mask of the entries to put back, or None for all of them.
+
+    Example:
+        >>> import numpy as np
+        >>> stash = SlotStash(values={"momentum": np.array([0.1, 0.2])}, where=np.array([True, False]))
+        >>> sorted(stash.values), stash.where.tolist()
+        (['momentum'], [True, False])
+    """
 
     values: dict[str, Any]
     where: Any
 
 
 def stash_slots(optimizer: Any, variable: Any, where: Any = None, *, session: Any = None) -> SlotStash:
-    """Save the slots of ``variable`` (at ``where``) before freezing. ``stash = stash_slots(adam, w, where=~mask)``"""
+    """Save the slots of ``variable`` before freezing, to put them back with ``restore_slots`` later.
+
+    ``stash = stash_slots(adam, w, where=frozen)`` copies every slot of ``w`` now; ``where``
+    records which entries ``restore_slots`` will write back (the others keep whatever the
+    optimizer made of them meanwhile).
+
+    Args:
+        optimizer: as for ``slots``.
+        variable: a variable the optimizer trains.
+        where: boolean mask of the entries to restore later, or None for all; a tensor is
+            evaluated now (in graph mode through ``session``).
+        session: required in graph mode: the ``tf.compat.v1.Session`` that reads the values.
+
+    Returns:
+        A ``SlotStash``.
+
+    Raises:
+        ValueError: in graph mode without ``session``; otherwise as ``slots`` does.
+
+    Example:
+        >>> import numpy as np
+        >>> import tensorflow as tf
+        >>> with tf.Graph().as_default():
+        ...     w = tf.compat.v1.get_variable("w", initializer=[0.0, 0.0], use_resource=True)
+        ...     opt = tf.compat.v1.train.MomentumOptimizer(0.1, momentum=0.9)
+        ...     train = opt.minimize(tf.reduce_sum(w * [1.0, 2.0]))
+        ...     with tf.compat.v1.Session() as sess:
+        ...         sess.run(tf.compat.v1.global_variables_initializer())
+        ...         _ = sess.run(train)
+        ...         stash = stash_slots(opt, w, where=np.array([True, False]), session=sess)
+        >>> sorted(stash.values), stash.values["momentum"].tolist()
+        (['momentum'], [1.0, 2.0])
+    """
     found = slots(optimizer, variable)
     if tf.executing_eagerly():
         values = {name: tf.identity(slot) for name, slot in found.items()}
@@ -156,7 +287,36 @@ def stash_slots(optimizer: Any, variable: Any, where: Any = None, *, session: An
 
 
 def restore_slots(optimizer: Any, variable: Any, stash: SlotStash, *, session: Any = None) -> Any:
-    """Put stashed slot entries back when they are unfrozen. ``restore_slots(adam, w, stash)``"""
+    """Put stashed slot entries back (at the stash's ``where``) when they are unfrozen.
+
+    Args:
+        optimizer: as for ``slots``.
+        variable: the variable the stash was taken of.
+        stash: the ``SlotStash`` from ``stash_slots``.
+        session: graph mode only: a ``tf.compat.v1.Session`` that runs the op now.
+
+    Returns:
+        None in eager mode; in graph mode the grouped assign op (already run when ``session`` is given).
+
+    Raises:
+        ValueError: if the stash holds a slot that ``variable`` does not have; otherwise as
+            ``slots`` does.
+
+    Example:
+        >>> import keras
+        >>> import numpy as np
+        >>> import tensorflow as tf
+        >>> w = tf.Variable([0.0, 0.0], name="w")
+        >>> adam = keras.optimizers.Adam(0.1)
+        >>> adam.build([w])
+        >>> _ = adam.apply_gradients([(tf.constant([1.0, 1.0]), w)])
+        >>> frozen = np.array([True, False])
+        >>> stash = stash_slots(adam, w, where=frozen)
+        >>> reset_slots(adam, w)
+        >>> restore_slots(adam, w, stash)
+        >>> slots(adam, w)["momentum"].numpy().round(4).tolist()
+        [0.1, 0.0]
+    """
     found = slots(optimizer, variable)
     missing = set(stash.values) - set(found)
     if missing:
