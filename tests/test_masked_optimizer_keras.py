@@ -411,12 +411,38 @@ def test_multi_optimizer_in_both_nestings(nesting):
         assert np.all(fc2.kernel.numpy()[:, 0] != before2[:, 0])
 
 
-def test_distribution_strategies_are_refused_at_construction():
-    tf.config.set_logical_device_configuration  # noqa: B018 (documented: two logical CPUs need a fresh process)
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+MIRRORED = """
+import tensorflow as tf, keras, numpy as np
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from freezing import MaskedOptimizer
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+try:
     with strategy.scope():
-        with pytest.raises(ValueError, match="tf.distribute strategies are not supported.*MirroredStrategy"):
-            MaskedOptimizer(keras.optimizers.Adam())
+        MaskedOptimizer(keras.optimizers.Adam())
+except ValueError as e:
+    print("construction:", e)
+opt = MaskedOptimizer(keras.optimizers.Adam())  # made outside, used inside: refused at build
+with strategy.scope():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=opt, loss="mse")
+before = [w.numpy().copy() for w in model.weights]
+try:
+    model.fit(np.ones((8, 3)), np.ones((8, 2)), epochs=1, verbose=0)
+except ValueError as e:
+    print("build:", str(e).splitlines()[0][:300])
+print("unchanged:", all(np.array_equal(a, w.numpy()) for a, w in zip(before, model.weights)))
+"""
+
+
+def test_mirrored_strategy_over_two_cpus_is_refused_with_a_clear_error_before_any_step():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", MIRRORED], capture_output=True, text=True, timeout=120).stdout
+    assert "construction: MaskedOptimizer (construction): tf.distribute strategies are not supported (got MirroredStrategy)" in out
+    assert "MaskedOptimizer (build): tf.distribute strategies are not supported" in out, out
+    assert "unchanged: True" in out
 
 
 # -- bad input: one clear ValueError each ---------------------------------------------------------

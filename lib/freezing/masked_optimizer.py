@@ -191,7 +191,15 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
     # -- the Keras optimizer surface, forwarded to the inner optimizer ---------------------------
     @property
     def learning_rate(self) -> Any:
-        """The inner optimizer's learning rate (settable)."""
+        """The inner optimizer's learning rate; setting it sets the inner one's.
+
+        Returns:
+            The inner optimizer's learning-rate variable (or schedule).
+
+        >>> opt = MaskedOptimizer(keras.optimizers.SGD(0.1)); opt.learning_rate = 0.5
+        >>> float(opt.inner.learning_rate.numpy())
+        0.5
+        """
         return self.inner.learning_rate
 
     @learning_rate.setter
@@ -200,20 +208,55 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
 
     @property
     def iterations(self) -> Any:
-        """The inner optimizer's step counter."""
+        """The inner optimizer's step counter (what ``mask_fn`` receives as ``step``).
+
+        Returns:
+            The inner optimizer's ``iterations`` variable.
+
+        >>> w = keras.Variable([1.0], name="w"); opt = MaskedOptimizer("sgd")
+        >>> _ = opt.apply_gradients([(np.float32([1.0]), w)]); int(opt.iterations.numpy())
+        1
+        """
         return self.inner.iterations
 
     @property
     def variables(self) -> list[Any]:
-        """The inner optimizer's variables, then one mask variable per built variable."""
+        """The inner optimizer's variables, then one mask variable per built variable (what saving stores).
+
+        Returns:
+            A new list of variables.
+
+        >>> w = keras.Variable([1.0, 2.0], name="w"); opt = MaskedOptimizer("adam"); opt.build([w])
+        >>> len(opt.variables)  # iterations, learning rate, m, v, and the mask of w
+        5
+        """
         return list(self.inner.variables) + list(self._masks.keep)
 
     def scale_loss(self, loss: Any) -> Any:
-        """Forward loss scaling to an inner ``LossScaleOptimizer`` (identity otherwise)."""
+        """Forward loss scaling to the inner optimizer (a ``LossScaleOptimizer`` multiplies it).
+
+        Args:
+            loss: the loss tensor.
+
+        Returns:
+            The scaled loss (unchanged when the inner optimizer does not scale).
+
+        >>> opt = MaskedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(), initial_scale=8.0))
+        >>> float(opt.scale_loss(2.0))
+        16.0
+        """
         return self.inner.scale_loss(loss)
 
     def finalize_variable_values(self, var_list: Sequence[Any]) -> None:
-        """Forward to the inner optimizer (EMA's final overwrite), holding frozen entries."""
+        """Forward to the inner optimizer (with ``use_ema``, ``fit`` ends by overwriting weights with averages).
+
+        Args:
+            var_list: the model's trainable variables.
+
+        >>> w = keras.Variable([1.0], name="w"); opt = MaskedOptimizer("sgd"); opt.build([w])
+        >>> opt.finalize_variable_values([w]); w.numpy().tolist()  # no EMA: nothing to do
+        [1.0]
+        """
         self.inner.finalize_variable_values(var_list)
 
     # -- build: the mask variables and the one-time interception ----------------------------------
@@ -222,6 +265,12 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
 
         Args:
             var_list: every variable this optimizer will ever update (any subset may be applied later).
+
+        >>> a, b = keras.Variable([1.0], name="a"), keras.Variable([2.0], name="b")
+        >>> opt = MaskedOptimizer("adam"); opt.build([a, b])
+        >>> _ = opt.apply_gradients([(np.float32([1.0]), b)])  # a subset of what it was built with
+        >>> opt.built, int(opt.iterations.numpy())
+        (True, 1)
         """
         if self.built:
             return
@@ -389,6 +438,13 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             grads: gradients, one per variable.
             trainable_variables: the variables (default: all it was built with, in order).
             masks: optional per-variable masks overriding the stored ones for this call.
+
+        Raises:
+            ValueError: a variable the optimizer was not built for, a count mismatch, or a bad mask.
+
+        >>> w = keras.Variable([0.0, 0.0], name="w"); opt = MaskedOptimizer(keras.optimizers.SGD(1.0))
+        >>> opt.apply([np.float32([1.0, 1.0])], [w], masks=[[False, True]]); w.numpy().tolist()
+        [0.0, -1.0]
         """
         grads = list(grads)
         if trainable_variables is None:
@@ -608,7 +664,18 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
 
     # -- saving -----------------------------------------------------------------------------------
     def load_own_variables(self, store: Any) -> None:
-        """Restore the inner optimizer's variables and the masks from a ``.keras`` file's store."""
+        """Restore the inner optimizer's variables and the masks from a ``.keras`` file's store.
+
+        Args:
+            store: the mapping Keras' saving passes (``"0"``, ``"1"``, ... -> arrays).
+
+        Raises:
+            ValueError: the store holds a different number of variables.
+
+        >>> w = keras.Variable([1.0, 2.0], name="w"); opt = MaskedOptimizer("sgd"); opt.build([w])
+        >>> opt.load_own_variables({"0": 0, "1": 0.1, "2": [True, False]}); opt.get_mask(w).tolist()
+        [True, False]
+        """
         variables = self.variables
         if len(store.keys()) != len(variables):
             raise ValueError(
@@ -619,7 +686,15 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             variable.assign(np.asarray(store[str(i)]))
 
     def get_config(self) -> dict[str, Any]:
-        """The wrapper's config with the inner optimizer serialised (masks are state, not config)."""
+        """The wrapper's config with the inner optimizer serialised (masks are state, not config).
+
+        Returns:
+            A JSON-serialisable dict; ``MaskedOptimizer.from_config`` rebuilds the wrapper from it.
+
+        >>> config = MaskedOptimizer("adam", policy="reset").get_config()
+        >>> config["policy"], config["inner"]["class_name"]
+        ('reset', 'Adam')
+        """
         mask_fn = None
         if self.mask_fn is not None:
             if getattr(self.mask_fn, "__name__", "<lambda>") in ("<lambda>",) or "<locals>" in getattr(
@@ -642,7 +717,19 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> MaskedOptimizer:
-        """Rebuild from ``get_config``'s output."""
+        """Rebuild from ``get_config``'s output.
+
+        Args:
+            config: what ``get_config`` returned.
+            custom_objects: passed to Keras' deserialisation of the inner optimizer and ``mask_fn``.
+
+        Returns:
+            A new, unbuilt ``MaskedOptimizer``.
+
+        >>> opt = MaskedOptimizer.from_config(MaskedOptimizer("sgd", norms="all").get_config())
+        >>> type(opt.inner).__name__, opt.norms
+        ('SGD', 'all')
+        """
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("inner"), custom_objects=custom_objects)
         mask_fn = config.pop("mask_fn", None)
