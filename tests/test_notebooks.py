@@ -36,6 +36,9 @@ def test_notebook_is_committed_clean_and_parameterised(notebook):
     assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit notebooks without outputs"
     tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1 and "out_dir" in tagged[0].source
+    # run by hand, a notebook writes under build/, never into the committed results/
+    assert f'out_dir = "../build/interactive/{notebook.stem}"' in tagged[0].source
+    assert nb.cells[0].cell_type == "markdown" and f"build/interactive/{notebook.stem}/" in nb.cells[0].source
     for profile in pipeline.PROFILES:
         pipeline.load_parameters(notebook, profile)  # every profile's YAML names only real parameters
 
@@ -51,6 +54,27 @@ def test_every_notebook_writes_report_figures_tables_and_manifest(smoke_results,
     assert {"commit", "parameters", "packages", "data_source", "duration_s"} <= set(manifest)
     assert manifest["data_source"] != "not recorded"
     assert not (smoke_results / ".staging").exists()
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_every_report_is_titled_offline_clean_and_described(smoke_results, notebook):
+    from bs4 import BeautifulSoup
+
+    from study.html_report import PLACEHOLDER_ALT, external_urls, notebook_title
+
+    page = (smoke_results / notebook.stem / f"{notebook.stem}.html").read_text()
+    soup = BeautifulSoup(page, "html.parser")
+    title = notebook_title(nbformat.read(notebook, as_version=4))
+    assert soup.title.string == title != "Notebook"
+    assert external_urls(page) == [] and not soup.find_all("script", src=True)
+    assert not soup.select('[data-mime-type="application/vnd.jupyter.stderr"]')
+    assert "PosixPath(" not in page and PLACEHOLDER_ALT not in page
+    assert all(img.get("alt") for img in soup.find_all("img"))
+    index = BeautifulSoup((smoke_results / "index.html").read_text(), "html.parser")
+    section = index.find("section", id=notebook.stem)
+    assert section.h2.get_text() == title
+    assert section.find("a", href=f"{notebook.stem}/{notebook.stem}.html") is not None
+    assert len(section.find_all("img")) == len(list((smoke_results / notebook.stem).glob("*.png")))
 
 
 def test_01_adam_drift_metrics(smoke_results):

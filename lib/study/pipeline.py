@@ -6,6 +6,16 @@ is moved into ``results/NN_topic/`` (executed notebook, HTML report with inputs 
 figures, tables and metrics.json it wrote), and ``results/manifest.json`` records its git commit,
 parameters, package versions, data source and duration. A notebook that fails stops the run with
 its name and the error, exits non-zero, and leaves the previous results untouched.
+
+After every notebook the pipeline rewrites, each atomically, ``manifest.json``, ``SUMMARY.md`` (headlines) and
+``index.html`` (one offline page: titles, figure thumbnails, headline tables, links; ``study.site``). The HTML
+reports are rendered by ``study.html_report``: titled, offline, formulas as MathML, no stderr, alt text on figures.
+
+Interruption: SIGINT (Ctrl-C) or SIGTERM while a notebook runs stops its kernel and every process the kernel
+started, deletes the staging folder, and exits with 128 + the signal number and one line saying so; the
+results folder is then exactly as it was before that notebook (notebooks that finished earlier in the same run
+stay committed). A signal that arrives while a finished notebook is being moved into place and recorded is held
+until that short step is done, so a notebook's folder, the manifest, SUMMARY.md and index.html always agree.
 """
 
 from __future__ import annotations
@@ -18,9 +28,13 @@ import logging
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +51,66 @@ DEFAULT_TIMEOUT_S = 1200
 
 class PipelineError(RuntimeError):
     """A notebook or its parameters failed; the message names which and why."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached the pipeline; ``signum`` says which."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+class _Signals:
+    """SIGINT/SIGTERM -> ``Interrupted`` in the main thread, except inside ``hold()``, where it waits.
+
+    Only the first signal counts: a second one while the pipeline cleans up is ignored, so the cleanup finishes.
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._holding = 0
+
+    def handler(self, signum: int, frame: Any) -> None:
+        if self.received is not None:
+            return
+        self.received = signum
+        if not self._holding:
+            raise Interrupted(signum)
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        """Run the block to its end even if a signal arrives; raise ``Interrupted`` after it."""
+        self._holding += 1
+        try:
+            yield
+        finally:
+            self._holding -= 1
+        if not self._holding and self.received is not None:
+            raise Interrupted(self.received)
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        """Install the handlers for SIGINT and SIGTERM (main thread only), restoring the previous ones after."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        self.received = None
+        previous = {sig: signal.signal(sig, self.handler) for sig in (signal.SIGINT, signal.SIGTERM)
+                    if signal.getsignal(sig) is not signal.SIG_IGN}  # like Python: an ignored signal stays ignored
+        try:
+            yield
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+            self.received = None
+
+
+_SIGNALS = _Signals()
 
 
 def notebooks(only: list[str] | None = None, folder: Path = DEFAULT_NOTEBOOKS) -> list[Path]:
@@ -105,20 +179,107 @@ def _versions() -> dict[str, str]:
     return versions
 
 
-def render_html(executed: Path, html: Path) -> None:
-    """Write the executed notebook as a shareable HTML report with the code hidden. ``render_html(nb, out)``"""
-    import nbconvert
-    import nbformat
+def render_html(executed: Path, html: Path) -> Any:
+    """Write the executed notebook as an offline HTML report, code hidden. ``render_html(nb, out)``
 
-    exporter = nbconvert.HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
-    body, _ = exporter.from_notebook_node(nbformat.read(executed, as_version=4))
-    atomic_write(html, lambda p: Path(p).write_text(body, encoding="utf-8"))
+    The .ipynb stays as executed (stderr and all); only the report is cleaned. Returns what was cleaned.
+    """
+    from study.html_report import render_report
+
+    _, report = render_report(executed, html)
+    return report
+
+
+def _descendants() -> list[Any]:
+    """Every live process below this one (the kernel, and whatever the kernel started, in any session)."""
+    import psutil
+
+    try:
+        return psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def stop_children(grace_s: float = 5.0) -> list[int]:
+    """Stop every descendant process: freeze the tree (no new forks), SIGTERM, then SIGKILL after ``grace_s``.
+
+    Returns the pids it signalled. The kernel runs in its own session and so does anything started with
+    ``start_new_session``; walking parent links finds them all as long as their parents are alive, which the
+    SIGSTOP pass guarantees until the whole tree is known.
+    """
+    import psutil
+
+    found: dict[int, Any] = {}
+    while True:  # freeze, until a pass finds no new process
+        new = [p for p in _descendants() if p.pid not in found]
+        if not new:
+            break
+        for p in new:
+            found[p.pid] = p
+            try:
+                p.suspend()
+            except psutil.Error:
+                pass
+    procs = list(found.values())
+    for p in procs:
+        try:
+            p.terminate()
+            p.resume()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+    return sorted(found)
+
+
+def _execute(notebook: Path, executed: Path, parameters: dict[str, Any], timeout_s: int) -> None:
+    """papermill in a worker thread, so that signals reach the main thread (nbclient, when it runs in the main
+    thread, replaces the SIGINT/SIGTERM handlers with its own, and restores SIG_DFL for SIGTERM afterwards).
+
+    On any exception in the main thread (``Interrupted``), the kernel's process tree is stopped before it is
+    re-raised, so nothing is left running and nothing writes into staging any more.
+    """
+    import papermill
+
+    box: dict[str, BaseException] = {}
+
+    def work() -> None:
+        try:
+            papermill.execute_notebook(
+                str(notebook), str(executed), parameters=parameters,
+                kernel_name="python3", cwd=str(notebook.parent), execution_timeout=timeout_s,
+                progress_bar=sys.stderr.isatty(), log_output=True,
+            )
+        except BaseException as e:  # handed to the main thread
+            box["error"] = e
+
+    worker = threading.Thread(target=work, name=f"papermill:{notebook.stem}", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.2)
+    except BaseException:
+        stop_children()
+        worker.join(30)  # papermill notices the dead kernel and returns
+        raise
+    if "error" in box:
+        raise box["error"]
 
 
 def run_notebook(notebook: Path, profile: str, out: Path, timeout_s: int,
-                 overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Execute one notebook into ``out/<name>/``; returns its manifest entry. ``run_notebook(nb, "smoke", Path("build"), 600)``"""
-    import papermill
+                 overrides: dict[str, Any] | None = None,
+                 record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Execute one notebook into ``out/<name>/``; returns its manifest entry. ``run_notebook(nb, "smoke", Path("build"), 600)``
+
+    Nothing under ``out`` outside ``out/.staging`` changes until the notebook and its report are complete. Then
+    the folder is swapped into ``out/<name>`` and ``record(entry)`` (the manifest, SUMMARY.md, index.html) runs,
+    both with signals held (``_Signals.hold``), so an interruption never separates the folder from its record.
+    """
     from papermill.exceptions import PapermillExecutionError
 
     params = load_parameters(notebook, profile, overrides)
@@ -128,38 +289,59 @@ def run_notebook(notebook: Path, profile: str, out: Path, timeout_s: int,
     staging.mkdir(parents=True)
     started = time.perf_counter()
     try:
-        papermill.execute_notebook(
-            str(notebook), str(staging / f"{name}.ipynb"),
-            parameters={**params, "out_dir": str(staging.resolve())},
-            kernel_name="python3", cwd=str(notebook.parent), execution_timeout=timeout_s,
-            progress_bar=sys.stderr.isatty(), log_output=True,
-        )
-        render_html(staging / f"{name}.ipynb", staging / f"{name}.html")
+        _execute(notebook, staging / f"{name}.ipynb", {**params, "out_dir": str(staging.resolve())}, timeout_s)
+        cleaned = render_html(staging / f"{name}.ipynb", staging / f"{name}.html")
+        duration = time.perf_counter() - started
+        metrics_path = staging / "metrics.json"
+        metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
+        entry = {
+            "title": cleaned.title,
+            "profile": profile,
+            "parameters": params,
+            "data_source": metrics.get("data_source", "not recorded"),
+            "duration_s": round(duration, 1),
+            "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            **_git_commit(out, notebook.parent),
+            "packages": _versions(),
+        }
     except PapermillExecutionError as e:
         shutil.rmtree(staging, ignore_errors=True)
         raise PipelineError(f"{name} failed in cell {e.exec_count}: {e.ename}: {e.evalue}") from None
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+    except Exception as e:  # the kernel died, a timeout, the report could not be rendered, ...
+        with _SIGNALS.hold():
+            stop_children()
+            shutil.rmtree(staging, ignore_errors=True)
+        raise PipelineError(f"{name} failed: {type(e).__name__}: {e}") from e
+    except BaseException:  # Interrupted (SIGINT/SIGTERM), SystemExit
+        with _SIGNALS.hold():
+            stop_children()
+            shutil.rmtree(staging, ignore_errors=True)
         raise
-    duration = time.perf_counter() - started
-    metrics_path = staging / "metrics.json"
-    metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
+    if cleaned.stderr_dropped or cleaned.reprs_dropped or cleaned.alt_fallback:
+        print(f"    report: left out {cleaned.stderr_dropped} stderr and {cleaned.reprs_dropped} repr output(s) "
+              f"(kept in the .ipynb); {len(cleaned.alt_fallback)} figure(s) without a caption", flush=True)
+    if cleaned.external:
+        print(f"    report: warning: an output links to the network: {'; '.join(cleaned.external[:3])}", flush=True)
     final = out / name
     trash = out / ".staging" / f"{name}.old"
-    shutil.rmtree(trash, ignore_errors=True)
-    if final.exists():
-        final.rename(trash)
-    staging.rename(final)
-    shutil.rmtree(trash, ignore_errors=True)
-    return {
-        "profile": profile,
-        "parameters": params,
-        "data_source": metrics.get("data_source", "not recorded"),
-        "duration_s": round(duration, 1),
-        "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        **_git_commit(out, notebook.parent),
-        "packages": _versions(),
-    }
+    with _SIGNALS.hold():
+        shutil.rmtree(trash, ignore_errors=True)
+        if final.exists():
+            final.rename(trash)
+        staging.rename(final)
+        if record is not None:
+            record(entry)
+        shutil.rmtree(trash, ignore_errors=True)
+    return entry
+
+
+def record_run(out: Path, name: str, entry: dict[str, Any]) -> None:
+    """Update ``manifest.json``, then rewrite ``SUMMARY.md`` and ``index.html`` from it (each write atomic)."""
+    from study.site import write_index
+
+    update_manifest(out, name, entry)
+    write_summary(out)
+    write_index(out)
 
 
 def update_manifest(out: Path, name: str, entry: dict[str, Any]) -> Path:
@@ -175,23 +357,25 @@ def write_summary(out: Path) -> Path:
     """Write ``out/SUMMARY.md``: each notebook's headline numbers, the command, time and machine. ``write_summary(out)``"""
     manifest = json.loads((out / "manifest.json").read_text())
     lines = ["# Results summary", "",
-             "Generated by `study.pipeline` from each notebook's `metrics.json` (key `headline`); do not edit.", ""]
+             "Generated by `study.pipeline` from each notebook's `metrics.json` (key `headline`); do not edit. "
+             "Figures, headlines and reports on one page, offline: [index.html](index.html).", ""]
     for name, entry in manifest.items():
         metrics_path = out / name / "metrics.json"
         headline = json.loads(metrics_path.read_text()).get("headline", {}) if metrics_path.is_file() else {}
         packages = entry["packages"]
-        lines += [f"## {name}", "",
+        title = entry.get("title")
+        lines += [f"## {name}" + (f": {title}" if title and title != name else ""), "",
                   f"`python -m study.pipeline --profile {entry['profile']} --out {os.path.relpath(out)} --only {name}` "
                   f"({entry['duration_s']} s on {os.cpu_count()} CPU cores; {packages.get('platform', '')}; "
                   f"TensorFlow {packages.get('tensorflow-cpu', packages.get('tensorflow', '?'))}, "
                   f"Keras {packages.get('keras', '?')}; commit {entry['commit'][:10]}"
                   f"{' + local changes' if entry.get('dirty') else ''}). "
-                  f"Report: [{name}.html]({name}/{name}.html).", "",
+                  f"Report: [{name}.html]({name}/{name}.html); on [index.html](index.html#{name}).", "",
                   "| measurement | value |", "|---|---|"]
         lines += [f"| {k.replace('|', '&#124;')} | {str(v).replace('|', '&#124;')} |" for k, v in headline.items()]
         lines.append("")
     text = "\n".join(lines)
-    return atomic_write(out / "SUMMARY.md", lambda p: Path(p).write_text(text))
+    return atomic_write(out / "SUMMARY.md", lambda p: Path(p).write_text(text, encoding="utf-8"))
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
@@ -224,24 +408,40 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("papermill").setLevel(logging.INFO)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     out = args.out.resolve()
-    try:
-        overrides = parse_overrides(args.overrides)
-        chosen = notebooks(args.only, args.notebooks)
-        for nb in chosen:  # check every parameter file before running anything
-            load_parameters(nb, args.profile, overrides)
-        for i, nb in enumerate(chosen, start=1):
-            print(f"[{i}/{len(chosen)}] {nb.stem} ({args.profile}) ...", flush=True)
-            entry = run_notebook(nb, args.profile, out, args.timeout, overrides)
-            update_manifest(out, nb.stem, entry)
-            write_summary(out)
-            print(f"[{i}/{len(chosen)}] {nb.stem} done in {entry['duration_s']} s -> {out / nb.stem}", flush=True)
-    except PipelineError as e:
-        print(f"pipeline: {e}", file=sys.stderr)
-        return 1
-    finally:
-        staging = out / ".staging"
-        if staging.is_dir() and not any(staging.iterdir()):
-            staging.rmdir()
+    current = None
+    done: list[str] = []
+    with _SIGNALS.installed():
+        try:
+            overrides = parse_overrides(args.overrides)
+            chosen = notebooks(args.only, args.notebooks)
+            for nb in chosen:  # check every parameter file before running anything
+                load_parameters(nb, args.profile, overrides)
+            for i, nb in enumerate(chosen, start=1):
+                current = nb.stem
+                print(f"[{i}/{len(chosen)}] {nb.stem} ({args.profile}) ...", flush=True)
+                entry = run_notebook(nb, args.profile, out, args.timeout, overrides,
+                                     record=lambda e, name=nb.stem: (record_run(out, name, e), done.append(name)))
+                print(f"[{i}/{len(chosen)}] {nb.stem} done in {entry['duration_s']} s -> {out / nb.stem}", flush=True)
+                current = None
+        except PipelineError as e:
+            print(f"pipeline: {e}", file=sys.stderr)
+            return 1
+        except Interrupted as e:
+            kept = f" Finished and kept: {', '.join(done)}." if done else ""
+            if current is not None and current not in done:
+                what = (f"while running {current}: stopped its kernel and discarded its partial outputs, so {out} "
+                        f"is as it was before {current}.")
+            elif done:
+                what = f"between notebooks; {out} is consistent."
+            else:
+                what = f"before any notebook ran; {out} is unchanged."
+            print(f"pipeline: interrupted by {e.name} {what}{kept} Run the same command again to redo the rest.",
+                  file=sys.stderr, flush=True)
+            return 128 + e.signum
+        finally:
+            staging = out / ".staging"
+            if staging.is_dir() and not any(staging.iterdir()):
+                staging.rmdir()
     return 0
 
 

@@ -2,12 +2,17 @@
 
 Every write goes to a temporary file beside the target and is renamed into place, so an
 interrupted run never leaves a half-written file in ``results/``.
+
+Figures carry a caption: ``save_figure`` records it in ``out_dir/figures.json`` (file -> caption, in the
+order the notebook saved them) and in the PNG's ``Description`` text chunk. The pipeline uses it as the
+``alt`` text of the figure in the HTML report and on ``results/index.html``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,6 +22,15 @@ import numpy as np
 import pandas as pd
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
+
+
 def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
     """Call ``write(tmp_path)`` and rename the result to ``path``. ``atomic_write("a.csv", df.to_csv)``"""
     path = Path(path)
@@ -24,6 +38,7 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
     os.close(fd)
     try:
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the mode open() would
         write(tmp)
         os.replace(tmp, path)
     except BaseException:
@@ -37,9 +52,100 @@ def save_table(table: pd.DataFrame, out_dir: str | Path, name: str) -> Path:
     return atomic_write(Path(out_dir) / f"{name}.csv", lambda p: table.to_csv(p, index=False))
 
 
-def save_figure(fig: Any, out_dir: str | Path, name: str, dpi: int = 120) -> Path:
-    """Write a matplotlib figure as ``out_dir/name.png``. ``save_figure(fig, out, "drift_heatmap")``"""
-    return atomic_write(Path(out_dir) / f"{name}.png", lambda p: fig.savefig(p, dpi=dpi, bbox_inches="tight", format="png"))
+FIGURES_FILE = "figures.json"
+"""``out_dir/figures.json``: ``{"figures": [{"file": "x.png", "caption": "..."}, ...]}``, in save order."""
+
+
+def figure_caption(fig: Any, name: str = "") -> str:
+    """The figure's suptitle, else its axes' titles, else ``name`` made readable. ``figure_caption(fig, "a_b")``"""
+    if hasattr(fig, "get_suptitle"):  # matplotlib >= 3.8
+        text = fig.get_suptitle()
+    else:
+        suptitle = getattr(fig, "_suptitle", None)
+        text = suptitle.get_text() if suptitle is not None else ""
+    text = _one_line(text)
+    if text:
+        return text
+    titles: list[str] = []
+    for ax in getattr(fig, "axes", []):
+        for loc in ("center", "left", "right"):
+            title = _one_line(ax.get_title(loc=loc))
+            if title and title not in titles:
+                titles.append(title)
+    readable = name.replace("_", " ").strip().capitalize()
+    if len(titles) == 1:
+        return titles[0]
+    if titles:
+        return f"{readable}: {'; '.join(titles)}" if readable else "; ".join(titles)
+    return readable or "Figure"
+
+
+def _one_line(text: str) -> str:
+    return re.sub(r"\s+", " ", text or "").strip()
+
+
+def figure_captions(out_dir: str | Path) -> dict[str, str]:
+    """``{"drift_heatmap.png": "caption", ...}`` as ``save_figure`` recorded them (empty if none)."""
+    path = Path(out_dir) / FIGURES_FILE
+    try:
+        entries = json.loads(path.read_text()).get("figures", [])
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {e["file"]: e["caption"] for e in entries if isinstance(e, dict) and "file" in e and "caption" in e}
+
+
+def _record_caption(out_dir: Path, file: str, caption: str) -> None:
+    captions = figure_captions(out_dir)
+    captions[file] = caption
+    text = json.dumps({"figures": [{"file": f, "caption": c} for f, c in captions.items()]}, indent=2,
+                      ensure_ascii=False)
+    atomic_write(out_dir / FIGURES_FILE, lambda p: Path(p).write_text(text + "\n", encoding="utf-8"))
+
+
+def save_figure(fig: Any, out_dir: str | Path, name: str, dpi: int = 120, caption: str | None = None) -> Path:
+    """Write a matplotlib figure as ``out_dir/name.png`` with a caption (its alt text in the reports).
+
+    ``save_figure(fig, out, "drift_heatmap", caption="Drift of frozen entries per optimizer and policy")``.
+    Without ``caption`` the figure's suptitle or axes titles are used (``figure_caption``). In a notebook
+    with the inline backend the figure is shown right here, with the caption attached to the output
+    (``metadata["image/png"]["alt"]``), and closed, so the end of the cell does not show it a second time.
+    """
+    out_dir = Path(out_dir)
+    caption = _one_line(caption) if caption and caption.strip() else figure_caption(fig, name)
+    path = atomic_write(out_dir / f"{name}.png", lambda p: fig.savefig(
+        p, dpi=dpi, bbox_inches="tight", format="png", metadata={"Title": name, "Description": caption}))
+    _record_caption(out_dir, path.name, caption)
+    _show_inline(fig, caption)
+    return path
+
+
+def _show_inline(fig: Any, caption: str) -> None:
+    """In a Jupyter kernel with the inline backend: display ``fig`` now with ``alt`` metadata, then close it."""
+    try:
+        import matplotlib
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None or getattr(shell, "kernel", None) is None or "inline" not in matplotlib.get_backend():
+        return
+    if getattr(fig, "_study_shown_caption", None) == caption:
+        return  # saved twice with the same caption: show it once
+    from IPython.display import display
+
+    metadata: dict[str, Any] = {}
+    try:
+        from matplotlib_inline.backend_inline import _fetch_figure_metadata
+
+        metadata.update(_fetch_figure_metadata(fig) or {})
+    except Exception:  # a private helper: its absence only loses the background hint
+        pass
+    metadata["alt"] = caption
+    display(fig, metadata={"image/png": metadata})
+    fig._study_shown_caption = caption
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
 
 
 def _plain(value: Any) -> Any:

@@ -1,0 +1,205 @@
+"""``results/index.html``: one offline page over every study in a results folder.
+
+Per study (in ``manifest.json`` order): its title, how and when it ran, its headline table (``metrics.json`` key
+``headline``, a flat dict), thumbnails of its figures linking to the PNGs (alt text = the caption
+``reporting.save_figure`` recorded), and links to its HTML report, executed notebook and tables. Plain HTML and
+inline CSS, no script, relative links only, so it works opened from disk. The pipeline rewrites it (atomically)
+after every notebook; ``python -m study.site results`` rebuilds it from what is there.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from study.reporting import atomic_write, figure_captions
+
+INDEX = "index.html"
+
+_CSS = """
+body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0 auto;
+       max-width: 1180px; padding: 1.5em 2em 3em; color: #1b1b1b; background: #fff; }
+h1 { font-size: 1.7em; margin-bottom: 0.2em; }
+h2 { font-size: 1.3em; margin: 0 0 0.3em; }
+section.study { border-top: 1px solid #ccc; padding: 1.2em 0 0.6em; }
+p.meta { color: #555; font-size: 0.9em; margin: 0 0 0.8em; }
+p.links a { margin-right: 1.2em; }
+table { border-collapse: collapse; margin: 0.6em 0 1em; font-size: 0.92em; }
+th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; }
+td.value { font-variant-numeric: tabular-nums; white-space: nowrap; }
+.figures { display: flex; flex-wrap: wrap; gap: 14px; margin: 0; padding: 0; list-style: none; }
+.figures figure { margin: 0; width: 320px; }
+.figures img { width: 320px; height: 210px; object-fit: contain; border: 1px solid #ddd; background: #fff; }
+.figures figcaption { font-size: 0.82em; color: #444; margin-top: 0.2em; }
+.missing { color: #a00; }
+"""
+
+
+def _url(*parts: str) -> str:
+    """A relative URL from path parts, each percent-encoded (spaces, #, ? ...)."""
+    return "/".join(quote(p) for p in parts)
+
+
+def _e(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def study_title(folder: Path, name: str, entry: dict[str, Any] | None = None) -> str:
+    """The study's title: the manifest's, else the executed notebook's first ``# `` heading, else ``name``."""
+    if entry and entry.get("title"):
+        return str(entry["title"])
+    nb_path = folder / f"{name}.ipynb"
+    if nb_path.is_file():
+        try:
+            import nbformat
+
+            from study.html_report import notebook_title
+
+            return notebook_title(nbformat.read(nb_path, as_version=4), name)
+        except Exception:  # an unreadable notebook only costs the nice title
+            pass
+    return name
+
+
+def _png_description(path: Path) -> str | None:
+    try:
+        from PIL import Image
+
+        with Image.open(path) as im:
+            text = getattr(im, "text", {}) or {}
+        value = text.get("Description")
+        return str(value).strip() or None if value else None
+    except Exception:
+        return None
+
+
+def figures(folder: Path) -> list[tuple[str, str]]:
+    """``[(file, caption)]``: the PNGs in ``folder``, in the order the notebook saved them, with their captions."""
+    captions = figure_captions(folder)
+    pngs = {p.name for p in folder.glob("*.png") if p.is_file()}
+    ordered = [f for f in captions if f in pngs] + sorted(pngs - set(captions))
+    out = []
+    for f in ordered:
+        caption = captions.get(f) or _png_description(folder / f) or Path(f).stem.replace("_", " ").capitalize()
+        out.append((f, caption))
+    return out
+
+
+def _study_section(out: Path, name: str, entry: dict[str, Any]) -> str:
+    folder = out / name
+    title = study_title(folder, name, entry)
+    parts = [f'<section class="study" id="{_e(name)}">', f"<h2>{_e(title)}</h2>"]
+    if not folder.is_dir():
+        parts.append(f'<p class="missing">{_e(name)}/ is missing from this folder.</p></section>')
+        return "\n".join(parts)
+    meta = [f"<code>{_e(name)}</code>"]
+    if entry:
+        meta.append(f"profile {_e(entry.get('profile', '?'))}")
+        if "duration_s" in entry:
+            meta.append(f"{_e(entry['duration_s'])} s")
+        if entry.get("finished_at"):
+            meta.append(f"finished {_e(entry['finished_at'])}")
+        commit = str(entry.get("commit", "unknown"))
+        meta.append(f"commit {_e(commit[:10])}{' + local changes' if entry.get('dirty') else ''}")
+        if entry.get("data_source"):
+            meta.append(f"data: {_e(entry['data_source'])}")
+    parts.append(f'<p class="meta">{" · ".join(meta)}</p>')
+
+    links = []
+    for file, label in ((f"{name}.html", "HTML report"), (f"{name}.ipynb", "executed notebook"),
+                        ("metrics.json", "metrics.json")):
+        if (folder / file).is_file():
+            links.append(f'<a href="{_url(name, file)}">{_e(label)}</a>')
+    if links:
+        parts.append(f'<p class="links">{"".join(links)}</p>')
+
+    metrics = _read_json(folder / "metrics.json")
+    headline = metrics.get("headline") if isinstance(metrics, dict) else None
+    if isinstance(headline, dict) and headline:
+        rows = "\n".join(f'<tr><td>{_e(k)}</td><td class="value">{_e(v)}</td></tr>' for k, v in headline.items())
+        parts.append(f'<table><thead><tr><th scope="col">measurement</th><th scope="col">value</th></tr></thead>'
+                     f"<tbody>\n{rows}\n</tbody></table>")
+    else:
+        parts.append('<p class="meta">No headline recorded (metrics.json has no <code>headline</code>).</p>')
+
+    figs = figures(folder)
+    if figs:
+        items = []
+        for file, caption in figs:
+            href = _url(name, file)
+            items.append(f'<li><figure><a href="{href}"><img src="{href}" alt="{_e(caption)}" loading="lazy"></a>'
+                         f"<figcaption>{_e(caption)}</figcaption></figure></li>")
+        parts.append(f'<ul class="figures">\n' + "\n".join(items) + "\n</ul>")
+    tables = sorted(p.name for p in folder.glob("*.csv"))
+    if tables:
+        parts.append('<p class="meta">Tables: ' + ", ".join(
+            f'<a href="{_url(name, t)}">{_e(t)}</a>' for t in tables) + "</p>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def render_index(out: Path) -> str:
+    """The HTML of ``out/index.html`` (see the module docstring)."""
+    out = Path(out)
+    manifest = _read_json(out / "manifest.json")
+    manifest = manifest if isinstance(manifest, dict) else {}
+    names = list(manifest)
+    sections = [_study_section(out, name, manifest.get(name) or {}) for name in names]
+    toc = "".join(f'<li><a href="#{_e(n)}">{_e(study_title(out / n, n, manifest.get(n) or {}))}</a></li>'
+                  for n in names)
+    summary = ' See also <a href="SUMMARY.md">SUMMARY.md</a>.' if (out / "SUMMARY.md").is_file() else ""
+    body = "\n".join(sections) if sections else "<p>No study has finished in this folder yet.</p>"
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Study results</title>
+<style>{_CSS}</style>
+</head>
+<body>
+<header>
+<h1>Study results</h1>
+<p class="meta">Generated by <code>study.pipeline</code> from <code>manifest.json</code> and each study's
+<code>metrics.json</code>; do not edit. Everything here is local: it opens from disk.{summary}</p>
+<ol>{toc}</ol>
+</header>
+<main>
+{body}
+</main>
+</body>
+</html>
+"""
+
+
+def write_index(out: str | Path) -> Path:
+    """Write ``out/index.html`` atomically. ``write_index("results")``"""
+    out = Path(out)
+    text = render_index(out)
+    return atomic_write(out / INDEX, lambda p: Path(p).write_text(text, encoding="utf-8"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m study.site results``: rebuild ``results/index.html`` from what is in the folder."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not Path(args[0]).is_dir():
+        print("usage: python -m study.site RESULTS_DIR", file=sys.stderr)
+        return 2
+    print(write_index(args[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

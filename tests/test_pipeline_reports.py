@@ -1,0 +1,420 @@
+"""The pipeline's outputs a reader opens: HTML reports, index.html, SUMMARY.md; and safe interruption.
+
+Fast tests build small notebooks and results folders by hand. The ``notebook``-marked tests run notebook 01 on
+smoke parameters through ``python -m study.pipeline`` and interrupt it with SIGINT / SIGTERM.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import unquote
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import nbformat  # noqa: E402
+import psutil  # noqa: E402
+import pytest  # noqa: E402
+from bs4 import BeautifulSoup  # noqa: E402
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output  # noqa: E402
+
+from study import html_report, pipeline, reporting, site  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+PNG_1x1 = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
+
+
+def network_urls(page: str) -> list[str]:
+    """Fetching tags (script, link, img, iframe, ...) whose ``src``/``href`` leave the machine."""
+    return html_report.external_urls(page)
+
+
+def test_the_url_scan_finds_what_nbconvert_loads_by_default():
+    page = ('<script src="https://cdnjs.cloudflare.com/require.min.js"></script><link href="//fonts.example/x.css">'
+            '<img src="data:image/png;base64,AAAA"><a href="https://example.org">text links are fine</a>'
+            '<img src="01/x.png">')
+    assert network_urls(page) == ["<script src=https://cdnjs.cloudflare.com/require.min.js>",
+                                  "<link href=//fonts.example/x.css>"]
+
+
+def _report_notebook() -> nbformat.NotebookNode:
+    nb = new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    nb.cells = [
+        new_markdown_cell("# 07 · Frozen *entries* under `Adam`\n\nIntro with inline math $m_k = \\beta_1^k m_0$."),
+        new_markdown_cell("## Section A\n\n"
+                          "$$\\Delta_k = \\eta\\,\\frac{\\beta_1^k m_0}{\\sqrt{\\beta_2^k v_0}+\\varepsilon}.$$"),
+        new_code_cell("x", outputs=[
+            new_output("stream", name="stderr", text="WARNING: All log messages before absl::InitializeLog()\n"),
+            new_output("stream", name="stderr", text="UserWarning: something noisy\n"),
+            new_output("stream", name="stdout", text="kept line\n"),
+            new_output("execute_result", data={"text/plain": "PosixPath('/tmp/staging/x.png')"}, execution_count=1),
+            new_output("display_data", data={"image/png": PNG_1x1, "text/plain": "<Figure size 10x10 with 1 Axes>"},
+                       metadata={"image/png": {"alt": "Drift of frozen entries, mean over seeds"}}),
+        ]),
+        new_markdown_cell("## Section B"),
+        new_code_cell("y", outputs=[
+            new_output("display_data", data={"image/png": PNG_1x1, "text/plain": "<Figure>"}),
+            new_output("execute_result", data={"text/plain": "42"}, execution_count=2),
+            new_output("display_data",
+                       data={"text/latex": "$$a^2 + b^2$$", "text/plain": "<IPython.core.display.Math object>"}),
+        ]),
+    ]
+    return nb
+
+
+@pytest.fixture(scope="module")
+def report_page(tmp_path_factory) -> tuple[str, Path]:
+    folder = tmp_path_factory.mktemp("report")
+    nb_path = folder / "07_study.ipynb"
+    nbformat.write(_report_notebook(), nb_path)
+    page, _ = html_report.render_report(nb_path, folder / "07_study.html")
+    return page, nb_path
+
+
+def test_report_title_is_the_first_heading(report_page):
+    page, _ = report_page
+    soup = BeautifulSoup(page, "html.parser")
+    assert soup.title.string == "07 · Frozen entries under Adam"
+
+
+def test_report_has_no_stderr_no_repr_but_keeps_stdout_and_values(report_page):
+    page, nb_path = report_page
+    assert "absl::InitializeLog" not in page and "UserWarning" not in page
+    assert "PosixPath(" not in page
+    assert "kept line" in page and ">42<" in page
+    executed = nbformat.read(nb_path, as_version=4)  # the executed notebook is left as it was
+    assert sum(o.get("name") == "stderr" for o in executed.cells[2].outputs) == 2
+
+
+def test_report_loads_nothing_from_the_network(report_page):
+    page, _ = report_page
+    assert network_urls(page) == []
+    soup = BeautifulSoup(page, "html.parser")
+    assert not soup.find_all("script", src=True)
+    assert "cdnjs" not in page and "unpkg" not in page and "require.js" not in page
+
+
+def test_report_formulas_are_mathml(report_page):
+    page, _ = report_page
+    soup = BeautifulSoup(page, "html.parser")
+    maths = soup.find_all("math")
+    displays = [m.get("display") for m in maths]
+    assert displays.count("block") == 2 and displays.count("inline") == 1  # $$..$$, text/latex output, $..$
+    assert soup.find("mfrac") is not None and soup.find("msqrt") is not None
+    assert "$$" not in soup.get_text()
+    sources = [a.get_text() for a in soup.find_all("annotation", encoding="application/x-tex")]
+    assert len(sources) == 3 and any("\\varepsilon" in s for s in sources)  # the LaTeX travels with the MathML
+
+
+def test_report_images_carry_alt_text(report_page):
+    page, _ = report_page
+    imgs = BeautifulSoup(page, "html.parser").find_all("img")
+    alts = [img.get("alt") for img in imgs]
+    assert alts[0] == "Drift of frozen entries, mean over seeds"
+    assert alts[1].startswith("Figure 2, in “Section B”")
+    assert all(alts) and html_report.PLACEHOLDER_ALT not in page
+
+
+def test_a_formula_that_does_not_parse_is_shown_as_source():
+    html = html_report.latex_to_mathml("\\frac{a}{", display=False)
+    assert html.startswith('<code class="study-tex">') and "\\frac{a}{" in html
+
+
+# --- save_figure captions --------------------------------------------------------------------------------
+
+
+def _fig(suptitle=None, titles=()):
+    fig, axes = plt.subplots(1, max(1, len(titles)), squeeze=False)
+    for ax, title in zip(axes[0], titles):
+        ax.set_title(title)
+    if suptitle:
+        fig.suptitle(suptitle)
+    return fig
+
+
+def test_save_figure_records_the_caption(tmp_path):
+    from PIL import Image
+
+    fig = _fig(suptitle="ignored when a caption is given")
+    path = reporting.save_figure(fig, tmp_path, "drift", caption="  Drift of frozen\nentries  ")
+    plt.close(fig)
+    assert path == tmp_path / "drift.png"
+    assert reporting.figure_captions(tmp_path) == {"drift.png": "Drift of frozen entries"}
+    with Image.open(path) as im:
+        assert im.text["Description"] == "Drift of frozen entries"
+    assert oct(path.stat().st_mode & 0o777) == oct(0o666 & ~reporting._UMASK)  # not mkstemp's 0600
+
+
+@pytest.mark.parametrize("suptitle, titles, expected", [
+    ("Samples under Adam", ("a", "b"), "Samples under Adam"),
+    (None, ("Loss per step",), "Loss per step"),
+    (None, ("naive", "hold"), "Heat map: naive; hold"),
+    (None, (), "Heat map"),
+])
+def test_save_figure_caption_falls_back_to_titles_never_to_a_placeholder(tmp_path, suptitle, titles, expected):
+    fig = _fig(suptitle, titles)
+    reporting.save_figure(fig, tmp_path, "heat_map")
+    plt.close(fig)
+    assert reporting.figure_captions(tmp_path)["heat_map.png"] == expected
+
+
+def test_save_figure_keeps_the_order_and_updates_a_resaved_caption(tmp_path):
+    for name, caption in (("b", "first"), ("a", "second"), ("b", "first, again")):
+        fig = _fig()
+        reporting.save_figure(fig, tmp_path, name, caption=caption)
+        plt.close(fig)
+    assert list(reporting.figure_captions(tmp_path).items()) == [("b.png", "first, again"), ("a.png", "second")]
+
+
+# --- index.html and SUMMARY.md ---------------------------------------------------------------------------
+
+
+def _fake_results(out: Path) -> Path:
+    """A results folder as the pipeline leaves it: two studies, one of them with captions and a headline."""
+    manifest = {}
+    for name, title in (("01_first", "01 · First study"), ("02_second", "02 · Second & <last>")):
+        folder = out / name
+        folder.mkdir(parents=True)
+        (folder / f"{name}.html").write_text("<html></html>")
+        (folder / f"{name}.ipynb").write_text("{}")
+        (folder / "table.csv").write_text("a\n1\n")
+        manifest[name] = {"title": title, "profile": "smoke", "parameters": {}, "data_source": "synthetic",
+                          "duration_s": 1.5, "finished_at": "2026-01-01T00:00:00+00:00", "commit": "0123456789abcdef",
+                          "dirty": False, "packages": {"platform": "Linux", "tensorflow": "2.21.0", "keras": "3.15.1"}}
+    first = out / "01_first"
+    for png, caption in (("b plot.png", "Caption of b"), ("a_plot.png", "Caption of a")):
+        fig = _fig()
+        reporting.save_figure(fig, first, Path(png).stem, caption=caption)
+        plt.close(fig)
+    (first / "metrics.json").write_text(json.dumps({"headline": {"max |drift| <adam>": "0.0942 ± 0.00063", "n": 3}}))
+    (out / "02_second" / "legacy_figure.png").write_bytes(base64.b64decode(PNG_1x1))
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+def test_index_lists_each_study_with_title_thumbnails_headline_and_report(tmp_path):
+    out = _fake_results(tmp_path)
+    pipeline.write_summary(out)
+    page = site.write_index(out).read_text()
+    soup = BeautifulSoup(page, "html.parser")
+    sections = soup.find_all("section", class_="study")
+    assert [s.h2.get_text() for s in sections] == ["01 · First study", "02 · Second & <last>"]
+
+    first = sections[0]
+    imgs = first.find_all("img")
+    assert [(i["src"], i["alt"]) for i in imgs] == [("01_first/b%20plot.png", "Caption of b"),
+                                                   ("01_first/a_plot.png", "Caption of a")]
+    for img in imgs:
+        assert img.parent.name == "a" and img.parent["href"] == img["src"]
+    cells = [[td.get_text() for td in tr.find_all("td")] for tr in first.table.tbody.find_all("tr")]
+    assert cells == [["max |drift| <adam>", "0.0942 ± 0.00063"], ["n", "3"]]
+    assert first.find("a", string="HTML report")["href"] == "01_first/01_first.html"
+
+    second = sections[1]
+    assert second.img["alt"] == "Legacy figure"  # no caption recorded: the file name, never a placeholder
+    assert "No headline recorded" in second.get_text()
+    assert soup.find("a", href="SUMMARY.md") is not None
+
+
+def test_index_works_from_disk_relative_links_only(tmp_path):
+    out = _fake_results(tmp_path)
+    page = site.write_index(out).read_text()
+    assert network_urls(page) == []
+    soup = BeautifulSoup(page, "html.parser")
+    assert not soup.find_all("script")
+    for tag in soup.find_all(["a", "img"]):
+        url = tag.get("href") or tag.get("src")
+        if url.startswith("#"):
+            continue
+        assert ":" not in url and not url.startswith("/"), url  # relative: no scheme, no absolute path
+        target = out / unquote(url)
+        assert target.exists(), url
+
+
+def test_summary_keeps_headlines_and_links_the_index(tmp_path):
+    out = _fake_results(tmp_path)
+    text = pipeline.write_summary(out).read_text()
+    assert "[index.html](index.html)" in text
+    assert "| max &#124;drift&#124; <adam> | 0.0942 ± 0.00063 |" in text
+    assert "## 01_first: 01 · First study" in text
+
+
+def test_manifest_summary_and_index_are_written_atomically(tmp_path, monkeypatch):
+    out = _fake_results(tmp_path)
+    written = []
+    real = reporting.atomic_write
+
+    def spy(path, write):
+        written.append(Path(path).name)
+        return real(path, write)
+
+    monkeypatch.setattr(pipeline, "atomic_write", spy)
+    monkeypatch.setattr(site, "atomic_write", spy)
+    pipeline.record_run(out, "01_first", json.loads((out / "manifest.json").read_text())["01_first"])
+    assert written == ["manifest.json", "SUMMARY.md", "index.html"]
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left behind
+
+
+# --- signals ---------------------------------------------------------------------------------------------
+
+
+def test_a_signal_during_hold_waits_for_the_block_then_interrupts():
+    signals = pipeline._Signals()
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    finished = []
+    with pytest.raises(pipeline.Interrupted) as info:
+        with signals.installed():
+            with signals.hold():
+                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signal.SIGINT)  # a second signal while stopping is ignored
+                time.sleep(0.05)
+                finished.append(True)
+    assert finished == [True] and info.value.signum == signal.SIGTERM and info.value.name == "SIGTERM"
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == previous  # handlers restored
+    assert signals.received is None
+
+
+def test_stop_children_stops_the_whole_tree_even_new_sessions():
+    code = ("import subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
+            "time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        deadline = time.time() + 20
+        while len(psutil.Process(child.pid).children(recursive=True)) < 1 and time.time() < deadline:
+            time.sleep(0.05)
+        tree = [psutil.Process(child.pid), *psutil.Process(child.pid).children(recursive=True)]
+        assert len(tree) == 2
+        stopped = pipeline.stop_children(grace_s=5)
+        assert {p.pid for p in tree} <= set(stopped)
+        child.wait(timeout=10)
+        assert not [p for p in tree if _running(p)]
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+# --- interrupting a real run -----------------------------------------------------------------------------
+
+
+def tree_hash(folder: Path) -> str:
+    """Every path under ``folder``: name, type and mode; for files also the bytes and the mtime (a rewrite with
+    the same bytes still shows). Folders' own mtimes are left out: creating and removing ``.staging`` inside
+    ``folder`` changes ``folder``'s mtime and nothing else."""
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        st = p.lstat()
+        h.update(f"{p.relative_to(folder)}\0{st.st_mode}\0".encode())
+        if p.is_file() and not p.is_symlink():
+            h.update(f"{st.st_size}\0{st.st_mtime_ns}\0".encode())
+            h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+SMOKE_01 = ["--profile", "smoke", "--only", "01_adam_drift", "--timeout", "600"]
+
+
+def _pipeline_cmd(out: Path) -> list[str]:
+    return [sys.executable, "-m", "study.pipeline", *SMOKE_01, "--out", str(out)]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture(scope="module")
+def complete_01(tmp_path_factory) -> Path:
+    """A results folder holding a complete smoke run of notebook 01."""
+    out = tmp_path_factory.mktemp("complete") / "results"
+    run = subprocess.run(_pipeline_cmd(out), cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return out
+
+
+@pytest.mark.notebook
+def test_smoke_run_of_01_writes_a_clean_report_and_index(complete_01):
+    page = (complete_01 / "01_adam_drift" / "01_adam_drift.html").read_text()
+    soup = BeautifulSoup(page, "html.parser")
+    assert soup.title.string == "01 · Why frozen entries still move under Adam"
+    assert network_urls(page) == [] and not soup.find_all("script", src=True)
+    assert soup.find("math", display="block") is not None and soup.find("mfrac") is not None  # Adam's drift formula
+    assert "PosixPath(" not in page and html_report.PLACEHOLDER_ALT not in page
+    assert not soup.select('[data-mime-type="application/vnd.jupyter.stderr"]')
+    captions = reporting.figure_captions(complete_01 / "01_adam_drift")
+    assert set(captions) == {p.name for p in (complete_01 / "01_adam_drift").glob("*.png")}
+    alts = [img["alt"] for img in soup.find_all("img")]
+    assert alts and all(alts) and set(alts) <= set(captions.values())
+    index = BeautifulSoup((complete_01 / "index.html").read_text(), "html.parser")
+    assert index.find("h2").get_text() == "01 · Why frozen entries still move under Adam"
+    assert {img["alt"] for img in index.find_all("img")} == set(captions.values())
+    assert "[index.html](index.html)" in (complete_01 / "SUMMARY.md").read_text()
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupting_a_run_leaves_results_as_they_were_and_a_rerun_completes(complete_01, tmp_path, signum):
+    out = tmp_path / "results"
+    shutil.copytree(complete_01, out)
+    before = tree_hash(out)
+    proc = subprocess.Popen(_pipeline_cmd(out), cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        me = psutil.Process(proc.pid)
+        staging = out / ".staging" / "01_adam_drift"
+        deadline = time.time() + 180
+        kernel = []
+        while time.time() < deadline and proc.poll() is None:
+            kids = me.children(recursive=True)
+            kernel = [k for k in kids if "ipykernel" in " ".join(_cmdline(k))]
+            if staging.is_dir() and kernel:
+                break
+            time.sleep(0.1)
+        assert staging.is_dir() and kernel, "the run never reached its kernel"
+        time.sleep(2)  # let the kernel start executing cells and writing into staging
+        children = me.children(recursive=True)
+        proc.send_signal(signum)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signum, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"pipeline: interrupted by {signal.Signals(signum).name} while running 01_adam_drift")
+    assert stderr.count("pipeline: interrupted") == 1 and "Traceback" not in stderr
+    time.sleep(0.5)
+    assert not [p.pid for p in children if _running(p)], "a kernel or other child process survived"
+    assert tree_hash(out) == before
+    assert not (out / ".staging").exists()
+
+    rerun = subprocess.run(_pipeline_cmd(out), cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert not (out / ".staging").exists()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["01_adam_drift"]["finished_at"] >= json.loads(
+        (complete_01 / "manifest.json").read_text())["01_adam_drift"]["finished_at"]
+    assert (out / "01_adam_drift" / "01_adam_drift.html").is_file() and (out / "index.html").is_file()
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
