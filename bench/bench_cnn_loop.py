@@ -2,7 +2,7 @@
 achieved GFLOP/s against this machine's dense-matmul GFLOP/s, all measured in one run.
 
 Both loops train the same architecture with Adam on the same fixed batch; FLOPs are counted from the
-model's layers (``freezing.models.training_flops_per_sample``). Prints ratios; asserts nothing about time.
+model's layers (``study.models.training_flops_per_sample``). Prints ratios; asserts nothing about time.
 """
 
 from __future__ import annotations

@@ -59,9 +59,9 @@ def test_tf_config_errors(text, match):
 
 
 def test_serve_entry_point_rejects_a_bad_tf_config_with_exit_2():
-    run = subprocess.run([sys.executable, "-m", "freezing.cluster", "serve"], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "study.cluster", "serve"], capture_output=True, text=True,
                          env=dict(os.environ, TF_CONFIG="{oops"), timeout=60)
     assert run.returncode == 2
-    assert "freezing.cluster: TF_CONFIG: not valid JSON" in run.stderr
+    assert "study.cluster: TF_CONFIG: not valid JSON" in run.stderr
     ok = parse_tf_config(json.dumps({"cluster": {"worker": ["h:1"], "ps": ["h:2"]}, "task": {"type": "ps"}}))
     assert ok["task"] == {"type": "ps", "index": 0}

@@ -652,11 +652,11 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             m, v = leaf._momentums[index], leaf._velocities[index]
             leaf.assign_add(m, (gradient - m) * (1 - leaf.beta_1))
             leaf.assign_add(v, (tf.square(gradient) - v) * (1 - leaf.beta_2))
-            update = (m / (1.0 - beta_1_power)) / (tf.sqrt(v / (1.0 - beta_2_power)) + leaf.epsilon)
-            value = tf.convert_to_tensor(variable)
-            zero = tf.zeros((), dtype)
-            w_norm = tf.sqrt(tf.reduce_sum(tf.where(t.keep, tf.square(value), zero)))
-            g_norm = tf.sqrt(tf.reduce_sum(tf.where(t.keep, tf.square(update), zero)))
+            update = keras.ops.divide(keras.ops.divide(m, 1.0 - beta_1_power),
+                                      keras.ops.add(keras.ops.sqrt(keras.ops.divide(v, 1.0 - beta_2_power)), leaf.epsilon))
+            zero = tf.zeros((), dtype)  # Keras' own ops below, so an all-True mask gives Keras' bits
+            w_norm = keras.ops.sqrt(keras.ops.sum(keras.ops.power(tf.where(t.keep, tf.convert_to_tensor(variable), zero), 2)))
+            g_norm = keras.ops.sqrt(keras.ops.sum(keras.ops.power(tf.where(t.keep, update, zero), 2)))
             ratio = tf.where(w_norm > 0, tf.where(g_norm > 0, w_norm / g_norm, 1.0), 1.0)
             leaf.assign_sub(variable, ratio * lr * update)
 

@@ -5,7 +5,7 @@ process that ``LocalCluster`` always ends (on error and on interrupt too), leavi
 is the same entry point a real multi-machine cluster uses::
 
     TF_CONFIG='{"cluster": {"worker": ["host1:2222"], "ps": ["host2:2222"]},
-                "task": {"type": "worker", "index": 0}}' python -m freezing.cluster serve
+                "task": {"type": "worker", "index": 0}}' python -m study.cluster serve
 
 Workers get ``inter_op_parallelism_threads = workers + 1``: with fewer, two or more workers hang on a
 2-core machine (see the guide). ``GRPC_FAIL_FAST=use_caller`` is set for every task, as the TF tutorial does.
@@ -146,7 +146,7 @@ class LocalCluster:
                    TF_CONFIG=json.dumps({"cluster": self.spec, "task": {"type": job, "index": index}}))
         log = open(self.logs / f"{job}{index}.log", "w")
         self.processes[(job, index)] = subprocess.Popen(
-            [sys.executable, "-m", "freezing.cluster", "serve", "--local"], env=env, stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "study.cluster", "serve", "--local"], env=env, stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
 
@@ -202,15 +202,15 @@ class LocalCluster:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m freezing.cluster serve``: run the task TF_CONFIG describes."""
+    """``python -m study.cluster serve``: run the task TF_CONFIG describes."""
     argv = sys.argv[1:] if argv is None else argv
     if argv not in (["serve"], ["serve", "--local"]):
-        print("usage: TF_CONFIG='{...}' python -m freezing.cluster serve", file=sys.stderr)
+        print("usage: TF_CONFIG='{...}' python -m study.cluster serve", file=sys.stderr)
         return 2
     try:
         config = parse_tf_config()
     except ValueError as e:
-        print(f"freezing.cluster: {e}", file=sys.stderr)
+        print(f"study.cluster: {e}", file=sys.stderr)
         return 2
     serve(config, orphan_guard=argv[-1] == "--local")
     return 0

@@ -6,7 +6,7 @@
 * ``exact_update_check`` and ``quadratic_with_tensorboard``: ``x_after == x_before - lr*T(g)``, and the
   seed's TensorBoard scalars of ``x`` and ``dy/dx``.
 * ``staleness_study``: in one process, every gradient applied tau updates late, for SGD and Adam.
-The asynchronous parameter server itself is ``freezing.parameter_server``.
+The asynchronous parameter server itself is ``study.parameter_server``.
 """
 
 from __future__ import annotations

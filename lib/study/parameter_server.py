@@ -155,7 +155,7 @@ def run_downpour(config: DownpourConfig, timeout_s: float = 600.0) -> dict[str, 
         out = Path(tmp) / "result.json"
         env = dict(os.environ, GRPC_FAIL_FAST="use_caller", TF_CPP_MIN_LOG_LEVEL="2")
         try:
-            run = subprocess.run([sys.executable, "-m", "freezing.parameter_server", json.dumps(asdict(config)),
+            run = subprocess.run([sys.executable, "-m", "study.parameter_server", json.dumps(asdict(config)),
                                   str(out)], env=env, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise TimeoutError(f"run_downpour: the job did not finish within {timeout_s:g} s") from None
@@ -166,7 +166,7 @@ def run_downpour(config: DownpourConfig, timeout_s: float = 600.0) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Child-process entry point: ``python -m freezing.parameter_server CONFIG_JSON OUT_JSON``."""
+    """Child-process entry point: ``python -m study.parameter_server CONFIG_JSON OUT_JSON``."""
     argv = sys.argv[1:] if argv is None else argv
     config = DownpourConfig(**json.loads(argv[0]))
     result = _train(config)

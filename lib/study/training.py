@@ -61,7 +61,8 @@ def restore(variables: Sequence[Any], values: Sequence[np.ndarray]) -> None:
     if len(variables) != len(values):
         raise ValueError(f"restore: {len(values)} saved values for {len(variables)} variables")
     for v, value in zip(variables, values):
-        if tuple(v.shape) != tuple(np.shape(value)):
+        known = getattr(v.shape, "rank", 0) is not None  # a mask variable of MaskedOptimizer takes any shape
+        if known and tuple(v.shape) != tuple(np.shape(value)):
             raise ValueError(f"restore: shape {np.shape(value)} does not fit {getattr(v, 'path', v.name)} {tuple(v.shape)}")
         v.assign(value)
 
