@@ -20,6 +20,7 @@ from study.models import deep_mnist_cnn
     ({"mask_steps": 0}, "mask_steps: expected an integer >= 1"),
     ({"learning_rates": {"sgd": 0.1}}, r"learning_rates: no rate for \['adam', 'adamw', 'momentum'\]"),
     ({"allow_download": "yes"}, "allow_download: expected true or false"),
+    ({"data_seed": -1}, "data_seed: expected an integer >= 0; got -1"),
 ])
 def test_bad_parameters_fail_before_training(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -53,3 +54,139 @@ def test_keras_trainable_traps_are_as_the_guide_reports():
     assert traps.iloc[1]["trained"] is False  # recompiled: frozen
     assert traps.iloc[2]["trained"] is False  # unfrozen without recompiling: silently does not train
     assert traps.iloc[3]["error"].startswith("Unknown variable")
+
+
+def test_config_defaults_live_in_the_dataclass_and_the_notebook_declares_every_one_as_none():
+    import ast
+    from pathlib import Path
+
+    import nbformat
+
+    nb = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" / "02_mnist_cnn_freezing.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    declared = {t.id: ast.literal_eval(node.value) for node in ast.parse(cell.source).body
+                for t in node.targets}
+    assert declared.pop("out_dir") == "../build/interactive/02_mnist_cnn_freezing"
+    assert list(declared) == cnn_study.CnnStudyConfig.parameter_names()
+    assert set(declared.values()) == {None}  # no default repeated in the notebook
+    config = cnn_study.CnnStudyConfig.from_parameters({**declared, "seeds": [4], "out_dir": "x", "other": 1})
+    assert config.seeds == [4] and config.batch == cnn_study.CnnStudyConfig().batch
+    with pytest.raises(ValueError, match="batch: expected an integer >= 1"):
+        cnn_study.CnnStudyConfig.from_parameters({"batch": 0})
+
+
+def test_full_yaml_repeats_no_default():
+    from pathlib import Path
+
+    import yaml
+
+    params = Path(__file__).resolve().parents[1] / "notebooks" / "params"
+    defaults = cnn_study.CnnStudyConfig().plain()
+    for profile in ("full", "smoke"):
+        given = yaml.safe_load((params / f"02_mnist_cnn_freezing.{profile}.yaml").read_text()) or {}
+        repeated = {k: v for k, v in given.items() if defaults.get(k) == v}
+        assert repeated == {}, f"{profile}: {repeated} repeat the defaults of CnnStudyConfig"
+
+
+def _steps_table(with_p: bool) -> "pd.DataFrame":
+    import pandas as pd
+
+    rows = []
+    for method, changed in (("naive", 5), ("hold", 0)):
+        for seed in (0, 1):
+            for step in (1, 2, 3):
+                row = {"experiment": "x", "optimizer": "adam", "method": method, "seed": seed, "step": step,
+                       "loss": 1.0, "frozen_entries": 10, "frozen_changed": changed * (step > 1),
+                       "frozen_max_abs_delta": 0.1 * changed * (step > 1), "step_time_ms": 10.0 + step,
+                       "accuracy": 0.5 + 0.1 * seed if step == 3 else np.nan}
+                if with_p:
+                    row["p"] = 0.5
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("with_p", [True, False], ids=["masks", "blocks"])
+def test_summaries_keep_every_run_with_or_without_p(with_p):
+    # The block study has no p. It once carried p = NaN, and pandas' groupby dropped every row of it.
+    summary = cnn_study.masked_summary(_steps_table(with_p))
+    assert ("p" in summary.columns) == with_p
+    assert not summary.isna().any().any()
+    s = summary.set_index("method")
+    assert s.loc["naive", "frozen_changed_total_mean"] == 10 and s.loc["hold", "frozen_changed_total_mean"] == 0
+    assert s.loc["naive", "frozen_entries_total_mean"] == 30 and s.loc["naive", "seeds"] == 2
+    assert s.loc["naive", "accuracy_mean"] == pytest.approx(0.55)
+    assert s.loc["naive", "step_time_ms_mean"] == 12.5  # median of steps 2 and 3: the traced first step left out
+
+
+def test_block_study_records_drift_of_resting_blocks_and_reruns_bit_identically():
+    import pandas as pd
+
+    from study.data import load_mnist
+
+    config = cnn_study.CnnStudyConfig(seeds=[0], batch=8, block_optimizers=["adam"], block_every=1, block_steps=3,
+                                      mask_methods=["naive", "hold"], eval_every=3, eval_samples=20)
+    data = load_mnist(seed=0, train_limit=200)
+    first = cnn_study.block_study(config, data, progress=False)
+    second = cnn_study.block_study(config, data, progress=False)
+    assert "p" not in first.columns
+    summary = cnn_study.masked_summary(first).set_index("method")
+    assert len(summary) == 2 and summary.filter(like="_mean").notna().all().all()
+    assert summary.loc["naive", "frozen_changed_total_mean"] > 0  # conv1 rests in step 2 and moves on Adam's moments
+    assert summary.loc["hold", "frozen_changed_total_mean"] == 0
+    stable = first.columns.drop("step_time_ms")
+    pd.testing.assert_frame_equal(first[stable], second[stable], check_exact=True)
+
+
+def test_naive_vs_exact_and_headline_cover_every_row():
+    import pandas as pd
+
+    masks = cnn_study.masked_summary(_steps_table(True))
+    blocks = cnn_study.masked_summary(_steps_table(False))
+    trade = cnn_study.naive_vs_exact(masks)
+    assert list(trade.columns) == list(cnn_study.NAIVE_VS_EXACT_COLUMNS)
+    assert trade.loc[0, "frozen entries the naive mask moved"] == pytest.approx(10 / 30)
+    finetune = pd.DataFrame([{"optimizer": o, "method": m, "seed": s, "acc_new": 0.9, "acc_old": 0.0,
+                              "conv_max_abs_delta": 0.0, "conv_changed_entries": 0, "step_time_ms": 1.0}
+                             for o in ("sgd", "adam") for m in ("var_list", "gate") for s in (0, 1)])
+    traps = pd.DataFrame(columns=list(cnn_study.TRAP_COLUMNS))
+    config = cnn_study.CnnStudyConfig(seeds=[0, 1])
+    head = cnn_study.headline(config, cnn_study.finetune_summary(finetune), traps, masks, blocks, "synthetic")
+    keys = " | ".join(head)
+    for o in ("sgd", "adam"):
+        for m in ("var_list", "gate"):
+            assert f"fine-tune {o}/{m}:" in keys
+    for m in ("naive", "hold"):
+        assert f"masks p=0.5 adam/{m}:" in keys and f"blocks adam/{m}:" in keys
+    assert "fine-tune adam: step time (ms)" in keys and "masks adam: step time (ms)" in keys
+    assert all("±" in v for k, v in head.items() if ("fine-tune" in k or "masks" in k or "blocks" in k)
+               and "time" not in k)
+
+
+# -- the data dictionary: reporting.save_table(columns=...) and pipeline.write_columns -----------------------
+def test_save_table_records_every_column_and_the_pipeline_writes_columns_md(tmp_path):
+    import json
+
+    import pandas as pd
+
+    from study import pipeline, reporting
+
+    study = tmp_path / "02_x"
+    table = pd.DataFrame({"a": [1], "b|c": [2.0], "d": ["x"]})
+    reporting.save_table(table, study, "t1", columns={"a": "apples (count)", "b|c": "ratio (fraction)", "z": "unused"})
+    reporting.save_table(table[["a"]], study, "t2")  # no descriptions: listed as (not described)
+    (study / "legacy.csv").write_text("q,r\n1,2\n")  # not written by save_table: listed from its header
+    assert reporting.table_columns(study) == {"t1.csv": {"a": "apples (count)", "b|c": "ratio (fraction)", "d": None},
+                                              "t2.csv": {"a": None}}
+    reporting.save_table(table[["d", "b|c"]], study, "t1", columns={"d": "a letter", "b|c": "ratio (fraction)"})
+    assert list(reporting.table_columns(study)) == ["t1.csv", "t2.csv"]  # saved again: replaced, order kept
+    assert reporting.table_columns(study)["t1.csv"] == {"d": "a letter", "b|c": "ratio (fraction)"}
+    with pytest.raises(ValueError, match="columns must map column names to descriptions"):
+        reporting.save_table(table, study, "t3", columns={"a": 1})
+    (tmp_path / "manifest.json").write_text(json.dumps({"02_x": {"title": "02 · X"}, "03_missing": {}}))
+    text = pipeline.write_columns(tmp_path).read_text()
+    assert '<a id="02_x"></a>' in text and "## 02_x: 02 · X" in text
+    assert "### [t1.csv](02_x/t1.csv)" in text and "| `d` | a letter |" in text
+    assert "| `a` | (not described) |" in text  # t2
+    assert "| `b\\|c` | ratio (fraction) |" in text  # a pipe in a name does not split the Markdown table
+    assert "### [legacy.csv](02_x/legacy.csv)" in text and "| `q` | (not described) |" in text
+    assert "## 03_missing" in text and "No tables." in text

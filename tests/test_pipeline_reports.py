@@ -29,6 +29,7 @@ from bs4 import BeautifulSoup  # noqa: E402
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output  # noqa: E402
 
 from study import html_report, pipeline, reporting, site  # noqa: E402
+from test_reruns import differences, leaves, without_timings  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_1x1 = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
@@ -53,6 +54,8 @@ def _report_notebook() -> nbformat.NotebookNode:
         new_markdown_cell("# 07 · Frozen *entries* under `Adam`\n\nIntro with inline math $m_k = \\beta_1^k m_0$."),
         new_markdown_cell("## Section A\n\n"
                           "$$\\Delta_k = \\eta\\,\\frac{\\beta_1^k m_0}{\\sqrt{\\beta_2^k v_0}+\\varepsilon}.$$"),
+        new_code_cell("hidden_setup_line = 1", outputs=[]),
+        new_code_cell("opt = MaskedOptimizer(copy_me_line)", metadata={"tags": ["show-input"]}, outputs=[]),
         new_code_cell("x", outputs=[
             new_output("stream", name="stderr", text="WARNING: All log messages before absl::InitializeLog()\n"),
             new_output("stream", name="stderr", text="UserWarning: something noisy\n"),
@@ -93,7 +96,16 @@ def test_report_has_no_stderr_no_repr_but_keeps_stdout_and_values(report_page):
     assert "PosixPath(" not in page
     assert "kept line" in page and ">42<" in page
     executed = nbformat.read(nb_path, as_version=4)  # the executed notebook is left as it was
-    assert sum(o.get("name") == "stderr" for o in executed.cells[2].outputs) == 2
+    assert sum(o.get("name") == "stderr" for o in executed.cells[4].outputs) == 2
+
+
+def test_report_shows_the_input_of_show_input_cells_only(report_page):
+    page, nb_path = report_page
+    text = BeautifulSoup(page, "html.parser").get_text()
+    assert "MaskedOptimizer(copy_me_line)" in text  # the code to copy is on the page
+    assert "hidden_setup_line" not in text  # every other input is hidden
+    executed = nbformat.read(nb_path, as_version=4)  # the executed notebook keeps every input, unflagged
+    assert "transient" not in executed.cells[2].metadata
 
 
 def test_report_loads_nothing_from_the_network(report_page):
@@ -340,12 +352,9 @@ def _env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def complete_01(tmp_path_factory) -> Path:
-    """A results folder holding a complete smoke run of notebook 01."""
-    out = tmp_path_factory.mktemp("complete") / "results"
-    run = subprocess.run(_pipeline_cmd(out), cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return out
+def complete_01(smoke_results) -> Path:
+    """A results folder holding a complete smoke run of notebook 01: the test session's one smoke run."""
+    return smoke_results
 
 
 @pytest.mark.notebook
@@ -361,15 +370,22 @@ def test_smoke_run_of_01_writes_a_clean_report_and_index(complete_01):
     assert set(captions) == {p.name for p in (complete_01 / "01_adam_drift").glob("*.png")}
     alts = [img["alt"] for img in soup.find_all("img")]
     assert alts and all(alts) and set(alts) <= set(captions.values())
+    text = soup.get_text()
+    assert "tf.compat.v1.Session(graph=graph) as sess" in text  # the seed's TF1 code, tagged show-input, is shown
+    assert "adam_drift.AdamDriftConfig.from_parameters" not in text  # set-up cells are not
     index = BeautifulSoup((complete_01 / "index.html").read_text(), "html.parser")
-    assert index.find("h2").get_text() == "01 · Why frozen entries still move under Adam"
-    assert {img["alt"] for img in index.find_all("img")} == set(captions.values())
+    section = index.find("section", id="01_adam_drift")
+    assert section.find("h2").get_text() == "01 · Why frozen entries still move under Adam"
+    assert {img["alt"] for img in section.find_all("img")} == set(captions.values())
     assert "[index.html](index.html)" in (complete_01 / "SUMMARY.md").read_text()
 
 
 @pytest.mark.notebook
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_interrupting_a_run_leaves_results_as_they_were_and_a_rerun_completes(complete_01, tmp_path, signum):
+    """Interrupt a run of 01 in the middle: the results folder is byte-for-byte unchanged and no child survives.
+    After SIGTERM (SIGINT takes the same path in ``pipeline``, so its rerun would test nothing new) the rerun
+    completes, and its metrics.json equals the uninterrupted session run's, timings aside, bit for bit."""
     out = tmp_path / "results"
     shutil.copytree(complete_01, out)
     before = tree_hash(out)
@@ -404,6 +420,8 @@ def test_interrupting_a_run_leaves_results_as_they_were_and_a_rerun_completes(co
     assert tree_hash(out) == before
     assert not (out / ".staging").exists()
 
+    if signum != signal.SIGTERM:
+        return
     rerun = subprocess.run(_pipeline_cmd(out), cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert not (out / ".staging").exists()
@@ -411,6 +429,11 @@ def test_interrupting_a_run_leaves_results_as_they_were_and_a_rerun_completes(co
     assert manifest["01_adam_drift"]["finished_at"] >= json.loads(
         (complete_01 / "manifest.json").read_text())["01_adam_drift"]["finished_at"]
     assert (out / "01_adam_drift" / "01_adam_drift.html").is_file() and (out / "index.html").is_file()
+    first, second = (without_timings(json.loads((folder / "01_adam_drift" / "metrics.json").read_text()))
+                     for folder in (complete_01, out))
+    assert leaves(first) > 20  # the comparison is not vacuous
+    diffs = differences(first, second)
+    assert diffs == [], f"{len(diffs)} non-timing values differ between two runs:\n" + "\n".join(diffs[:30])
 
 
 def _cmdline(proc: psutil.Process) -> list[str]:

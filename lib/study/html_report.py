@@ -1,7 +1,11 @@
-"""Render an executed notebook as a clean, offline HTML report (inputs hidden).
+"""Render an executed notebook as a clean, offline HTML report (inputs hidden, except the code to copy).
 
 What the reader gets, and why:
 
+* **Code to copy, and nothing else**: a code cell's input is shown only when the cell is tagged ``show-input``
+  (the technique on the page: the few lines a reader copies). Set-up, sweeps and assertion cells stay hidden;
+  their outputs (tables, figures, printed numbers) are what the report is for. Hidden cells get nbconvert's
+  ``transient.remove_source`` flag in the report's copy only.
 * **Title**: the notebook's first ``# `` heading (``<title>`` and browser tab), not nbconvert's "Notebook".
 * **No noise**: the executed ``.ipynb`` stays the honest record of the run (stderr, TensorFlow's log lines and
   warnings are kept there); only the *report* is filtered. ``clean_outputs`` drops ``stderr`` stream outputs and
@@ -38,6 +42,7 @@ import nbformat
 from nbconvert import HTMLExporter
 from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
 
+SHOW_INPUT_TAG = "show-input"
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/svg+xml")
 PLACEHOLDER_ALT = "No description has been provided for this image"
 
@@ -128,10 +133,12 @@ def _with_alt(markup: str, alt: Any) -> str:
 
 
 class ReportExporter(HTMLExporter):
-    """``HTMLExporter`` with inputs hidden, no network fetches, MathML formulas and ``alt`` text from outputs."""
+    """``HTMLExporter`` without prompts or network fetches, with MathML formulas and ``alt`` text from outputs.
+
+    Inputs are hidden per cell by ``clean_outputs`` (all but ``show-input`` cells), not globally.
+    """
 
     def __init__(self, **kw: Any) -> None:
-        kw.setdefault("exclude_input", True)
         kw.setdefault("exclude_input_prompt", True)
         kw.setdefault("exclude_output_prompt", True)
         super().__init__(extra_loaders=[jinja2.DictLoader({"study_report.html.j2": _TEMPLATE})],
@@ -203,7 +210,8 @@ def _alt(output: Any, mime: str) -> str | None:
 
 
 def clean_outputs(nb: Any, default_title: str = "Study report") -> CleanReport:
-    """Filter ``nb`` (in place) for the report: title, no stderr, no bare reprs, ``alt`` on every image."""
+    """Filter ``nb`` (in place) for the report: title, no stderr, no bare reprs, ``alt`` on every image, and
+    every code cell's input hidden unless the cell is tagged ``show-input``."""
     report = CleanReport(title=notebook_title(nb, default_title))
     nb.metadata["title"] = report.title
     section, figure = report.title, 0
@@ -215,6 +223,8 @@ def clean_outputs(nb: Any, default_title: str = "Study report") -> CleanReport:
             continue
         if cell.cell_type != "code":
             continue
+        if SHOW_INPUT_TAG not in cell.get("metadata", {}).get("tags", []):
+            cell.setdefault("metadata", {}).setdefault("transient", {})["remove_source"] = True
         kept = []
         for output in cell.get("outputs", []):
             if output.get("output_type") == "stream" and output.get("name") == "stderr":

@@ -6,6 +6,10 @@ interrupted run never leaves a half-written file in ``results/``.
 Figures carry a caption: ``save_figure`` records it in ``out_dir/figures.json`` (file -> caption, in the
 order the notebook saved them) and in the PNG's ``Description`` text chunk. The pipeline uses it as the
 ``alt`` text of the figure in the HTML report and on ``results/index.html``.
+
+Tables carry a data dictionary: ``save_table(df, out, name, columns={"col": "meaning (unit)"})`` records every
+column of the table (described or not) in ``out_dir/columns.json``; the pipeline writes ``results/COLUMNS.md``
+from those records.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +51,49 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
     return path
 
 
-def save_table(table: pd.DataFrame, out_dir: str | Path, name: str) -> Path:
-    """Write ``table`` as ``out_dir/name.csv``. ``save_table(df, "results/01_adam_drift", "drift")``"""
-    return atomic_write(Path(out_dir) / f"{name}.csv", lambda p: table.to_csv(p, index=False))
+COLUMNS_FILE = "columns.json"
+"""``out_dir/columns.json``: ``{"tables": [{"file": "x.csv", "columns": {"col": "meaning (unit)" or null}}]}``."""
+NOT_DESCRIBED = "(not described)"
+"""What the data dictionary says of a column that ``save_table`` was given no description for."""
+
+
+def save_table(table: pd.DataFrame, out_dir: str | Path, name: str,
+               columns: Mapping[str, str] | None = None) -> Path:
+    """Write ``table`` as ``out_dir/name.csv`` and record its columns for the data dictionary.
+
+    ``save_table(df, out, "drift", columns={"max_abs_delta": "max |ΔW| of a frozen entry (weight units)"})``.
+    ``columns`` maps column names to "meaning (unit)"; every column of the table is recorded in
+    ``out_dir/columns.json`` in the table's order, those without a description as null (listed as
+    ``NOT_DESCRIBED``), and descriptions of columns the table does not have are ignored, so one mapping can
+    serve several tables. The pipeline turns the records into ``results/COLUMNS.md``.
+    """
+    if columns is not None and (not isinstance(columns, Mapping)
+                                or not all(isinstance(k, str) and isinstance(v, str) for k, v in columns.items())):
+        raise ValueError(f"save_table({name!r}): columns must map column names to descriptions (str: str); "
+                         f"got {type(columns).__name__}")
+    out_dir = Path(out_dir)
+    path = atomic_write(out_dir / f"{name}.csv", lambda p: table.to_csv(p, index=False))
+    described = dict(columns or {})
+    _record_columns(out_dir, path.name, {str(c): described.get(str(c)) for c in table.columns})
+    return path
+
+
+def table_columns(out_dir: str | Path) -> dict[str, dict[str, str | None]]:
+    """``{"drift.csv": {"col": "meaning (unit)" or None}}`` as ``save_table`` recorded them, in save order."""
+    try:
+        entries = json.loads((Path(out_dir) / COLUMNS_FILE).read_text()).get("tables", [])
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {e["file"]: dict(e["columns"]) for e in entries
+            if isinstance(e, dict) and "file" in e and isinstance(e.get("columns"), dict)}
+
+
+def _record_columns(out_dir: Path, file: str, columns: dict[str, str | None]) -> None:
+    tables = table_columns(out_dir)
+    tables[file] = columns
+    text = json.dumps({"tables": [{"file": f, "columns": c} for f, c in tables.items()]}, indent=2,
+                      ensure_ascii=False)
+    atomic_write(out_dir / COLUMNS_FILE, lambda p: Path(p).write_text(text + "\n", encoding="utf-8"))
 
 
 FIGURES_FILE = "figures.json"

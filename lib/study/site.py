@@ -144,8 +144,10 @@ def _study_section(out: Path, name: str, entry: dict[str, Any]) -> str:
         parts.append(f'<ul class="figures">\n' + "\n".join(items) + "\n</ul>")
     tables = sorted(p.name for p in folder.glob("*.csv"))
     if tables:
+        dictionary = (f' (<a href="{_url("COLUMNS.md")}#{quote(name)}">what the columns mean</a>)'
+                      if (out / "COLUMNS.md").is_file() else "")
         parts.append('<p class="meta">Tables: ' + ", ".join(
-            f'<a href="{_url(name, t)}">{_e(t)}</a>' for t in tables) + "</p>")
+            f'<a href="{_url(name, t)}">{_e(t)}</a>' for t in tables) + dictionary + "</p>")
     parts.append("</section>")
     return "\n".join(parts)
 
