@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from freezing import select_variables, variable_path
+from study import gan_study
 from study.gan_study import Gan, GanStudyConfig, frozen_by_gates, gated_forward, unknown_variable_trap
 
 
@@ -15,6 +16,7 @@ from study.gan_study import Gan, GanStudyConfig, frozen_by_gates, gated_forward,
     ({"iterations": -5}, "iterations: expected an integer >= 1"),
     ({"generator_scope": ""}, "generator_scope: expected a variable scope"),
     ({"gate_probability": 1.5}, r"gate_probability: expected a number in \[0.0, 1.0\]"),
+    ({"diagnostic_optimizers": ["adamw"]}, "diagnostic_optimizers: got 'adamw'; allowed: 'sgd', 'adam'"),
 ])
 def test_bad_parameters_fail_before_training(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -47,5 +49,49 @@ def test_gates_block_gradient_of_the_layers_before_a_zero():
 
 def test_unknown_variable_trap_and_its_fix():
     trap = unknown_variable_trap()
-    assert trap.iloc[0]["outcome"].startswith("Unknown variable")
+    assert trap.iloc[0]["outcome"].startswith("Unknown variable: generator/dense1/kernel. This optimizer")
     assert trap.iloc[1]["outcome"] == "both steps applied"
+
+
+def test_config_defaults_live_in_the_dataclass():
+    config = GanStudyConfig.from_parameters(iterations=None, seeds=[3], methods=None)
+    assert config.iterations == GanStudyConfig().iterations and config.seeds == [3]
+    assert tuple(config.methods) == gan_study.METHODS
+    with pytest.raises(ValueError, match="iterations: expected an integer >= 1"):
+        GanStudyConfig.from_parameters(iterations=0)
+
+
+def _tiny_study(methods, optimizers=("adam",), seeds=(0,)):
+    from study.data import MnistSplits
+
+    rng = np.random.default_rng(0)
+    x = rng.random((64, 28, 28, 1)).astype(np.float32)
+    y = np.tile(np.arange(10), 7)[:64]
+    data = MnistSplits(x_train=x, y_train=y, x_val=x[:8], y_val=y[:8], x_test=x[:16], y_test=y[:16], source="random")
+    config = GanStudyConfig(methods=list(methods), optimizers=list(optimizers), iterations=3, batch=8,
+                            seeds=list(seeds), quality_samples=20, log_every=1, classifier_steps=1)
+    classifier, _ = gan_study.train_classifier(data, 1)
+    return config, gan_study.gan_study(config, data, classifier, progress=False)
+
+
+def test_the_diagnostic_gates_draw_for_one_network_only_and_keep_the_rest_still():
+    config, (runs, logs, grids) = _tiny_study(["random_gate_masked", "gate_d_only", "gate_g_only"],
+                                              optimizers=("sgd", "adam"))
+    # the diagnostics run only under diagnostic_optimizers (Adam by default)
+    assert set(grids) == {(m, "adam") for m in config.methods} | {("random_gate_masked", "sgd")}
+    audits = ["g_changed_entries_in_d_step", "d_changed_entries_in_g_step", "gated_changed_entries"]
+    assert (runs[audits] == 0).all().all()  # all three are exact
+    summary = gan_study.gan_summary(runs)
+    assert {"classes_seen_mean", "classes_seen_std", "single_class_runs", "time_per_iteration_ms_mean"} <= set(summary)
+    headline = gan_study.headline(summary, 0.5, "random", config.iterations)
+    for method in config.methods:
+        assert any(k.startswith(f"{method}, adam:") and "classes seen" in k for k in headline)
+    assert not any(k.startswith("gate_d_only, sgd") for k in headline)
+    assert any("time" in k for k in headline)  # timings sit under keys a rerun comparison can skip
+
+
+def test_a_study_run_is_bit_identical_when_repeated():
+    _, (first, logs1, _) = _tiny_study(["two_optimizers", "random_gate"])
+    _, (second, logs2, _) = _tiny_study(["two_optimizers", "random_gate"])
+    timing = [c for c in first.columns if "time" in c]
+    assert first.drop(columns=timing).equals(second.drop(columns=timing)) and logs1.equals(logs2)

@@ -2,7 +2,10 @@
 
 * ``seed2_tf1`` / ``seed2_tf2``: the seed's worked example (W=[0,0,0,0], x=[1,2,3,4],
   masks [0,1,1,0] then [1,0,0,1] then all ones) in TF1 graph mode and in TF2, naive and fixed.
-* ``drift_matrix``: every optimizer x {naive gate, hold, reset} x steps since freezing.
+* ``drift_matrix``: every optimizer x {naive gate, hold, reset} x steps since freezing, measured per step
+  with the study-wide names: ``changed_entries`` (frozen entries whose bits changed in that step,
+  ``freezing.audit.changed_bits``) and ``max_abs_dW`` (the largest |ΔW| of a frozen entry in that step);
+  ``max_abs_displacement`` is the accumulated max |W − W_freeze| since freezing.
 * ``predict_adam_drift`` / ``adam_drift_vs_prediction``: the drift of a frozen entry under Adam
   predicted from its m, v, beta_1, beta_2, epsilon and the step count, against the measurement.
 """
@@ -21,6 +24,7 @@ import tensorflow as tf
 from freezing.audit import FreezeAudit
 from freezing.gates import gate
 from freezing.masked_optimizer import MaskedOptimizer
+from freezing.determinism import enable_determinism
 from study.optimizers import OPTIMIZERS, make_optimizer
 from study.reporting import format_mean_std
 from freezing.slots import SlotStash, reset_slots, restore_slots, slots, stash_slots
@@ -32,13 +36,51 @@ SEED2_LR = 0.1
 SEED2_TF1_METHODS = ("naive", "reset_slots", "stash_restore")
 SEED2_TF2_METHODS = SEED2_TF1_METHODS + ("hold", "reset")
 DRIFT_POLICIES = ("naive", "hold", "reset")
+STATELESS = ("sgd", "adagrad", "adadelta", "rmsprop", "ftrl")
+"""Optimizers (as built in ``study.optimizers``) whose step is zero where the gradient is zero: no momentum,
+no first moment, no weight decay. Every other one moves frozen entries under a stop_gradient mask."""
+
+
+COLUMNS = {
+    "api": "TF1 graph (tf.compat.v1 Session, AdamOptimizer) or TF2 Keras",
+    "method": "how frozen entries are handled: naive (mask only), reset_slots, stash_restore, hold, reset",
+    "step": "training step of the seed example (1-3), or step after freezing (drift tables)",
+    "mask": "the seed example's mask MW for that step (1 = trains)",
+    **{f"W[{i}]": f"W[{i}] after the step (W units)" for i in range(4)},
+    **{f"m[{i}]": f"Adam's first moment of W[{i}] after the step (gradient units)" for i in range(4)},
+    "optimizer": "optimizer name (study.optimizers)",
+    "policy": "naive (mask only, MaskedOptimizer policy none), hold or reset",
+    "seed": "seed of the toy problem's data, initial W and frozen half",
+    "changed_entries": "frozen entries whose bits changed in this step (count)",
+    "max_abs_dW": "largest |ΔW| of a frozen entry in this step (W units)",
+    "max_abs_displacement": "largest |W - W_freeze| of a frozen entry after this step (W units)",
+    "frozen_entries": "entries of W frozen in each step (count)",
+    "changed_entries_sum_mean": "frozen entries that changed, summed over all steps after freezing (count), mean over seeds",
+    "changed_entries_sum_std": "std over seeds of changed_entries_sum (count)",
+    "steps_with_change_mean": "steps in which at least one frozen entry changed (count), mean over seeds",
+    "steps_with_change_std": "std over seeds of steps_with_change (count)",
+    "max_abs_dW_mean": "largest one-step |ΔW| of a frozen entry over all steps (W units), mean over seeds",
+    "max_abs_dW_std": "std over seeds of max_abs_dW (W units)",
+    "max_abs_displacement_mean": "max |W - W_freeze| after the last step (W units), mean over seeds",
+    "max_abs_displacement_std": "std over seeds of max_abs_displacement (W units)",
+    "steps": "steps after freezing per run (count)",
+    "seeds": "seeds averaged (count)",
+    "entry": "index of the frozen entry of W",
+    "m0_over_sqrt_v0": "the entry's m/sqrt(v) when it was frozen (dimensionless)",
+    "measured": "measured W - W_freeze of the entry after the step (W units)",
+    "predicted": "predicted W - W_freeze from m, v, beta_1, beta_2, epsilon, t (W units)",
+}
+"""Meaning and unit of every column of the study's tables (``reporting.save_table(..., columns=COLUMNS)``)."""
 
 
 @dataclass(frozen=True)
 class AdamDriftConfig:
-    """Parameters of study 01, validated on construction. ``AdamDriftConfig(optimizers=["adam"])``"""
+    """Parameters of study 01 and their defaults (the one place they live), validated on construction.
 
-    optimizers: Sequence[str]
+    ``AdamDriftConfig(optimizers=["adam"])``; ``AdamDriftConfig.from_parameters(steps=None)`` keeps the default.
+    """
+
+    optimizers: Sequence[str] = field(default_factory=lambda: sorted(OPTIMIZERS))
     policies: Sequence[str] = DRIFT_POLICIES
     steps: int = 40
     warmup: int = 10
@@ -54,6 +96,11 @@ class AdamDriftConfig:
         check_positive_int("size", self.size)
         check_int_list("seeds", self.seeds, minimum=0)
         check_range("learning_rate", self.learning_rate, 0.0, 10.0, low_open=True)
+
+    @classmethod
+    def from_parameters(cls, **parameters: Any) -> "AdamDriftConfig":
+        """The config with the notebook's parameters that are not None; None keeps the default here."""
+        return cls(**{k: v for k, v in parameters.items() if v is not None})
 
 
 # -- the seed's worked example -------------------------------------------------------------------
@@ -139,8 +186,14 @@ def _regression(size: int, seed: int) -> tuple[tf.Tensor, tf.Tensor, np.ndarray,
 
 def drift_run(optimizer: str, policy: str, *, steps: int, warmup: int, size: int, seed: int,
               learning_rate: float) -> pd.DataFrame:
-    """Train a least-squares toy, then freeze half of W; drift of the frozen half per step. ``drift_run("adam", "naive", ...)``"""
+    """Train a least-squares toy, then freeze half of W; one row per step after freezing. ``drift_run("adam", "naive", ...)``
+
+    Columns: ``changed_entries`` (frozen entries whose bits changed in this step), ``max_abs_dW`` (largest
+    |ΔW| of a frozen entry in this step), ``max_abs_displacement`` (largest |W − W_freeze| so far),
+    ``frozen_entries``. The run starts with ``enable_determinism(seed)``: the same arguments give the same bits.
+    """
     check_choice("policy", policy, DRIFT_POLICIES)
+    enable_determinism(seed)
     x, y, frozen, init = _regression(size, seed)
     w = tf.Variable(init, name="W")
     opt = MaskedOptimizer(make_optimizer(optimizer, learning_rate), "none" if policy == "naive" else policy)
@@ -154,21 +207,25 @@ def drift_run(optimizer: str, policy: str, *, steps: int, warmup: int, size: int
 
     for _ in range(warmup):
         step(None)
-    w0 = w.numpy().copy()
+    w0 = w.numpy().astype(np.float64)
     audit = FreezeAudit([w])
     rows = []
     for k in range(1, steps + 1):
         with audit.step(frozen=[frozen]):
             step(keep)
-        drift = np.abs(w.numpy().astype(np.float64) - w0)[frozen]
+        record = audit.records[-1]
         rows.append({"optimizer": optimizer, "policy": policy, "seed": seed, "step": k,
-                     "cumulative_drift": float(drift.max()), "changed": audit.records[-1].changed,
-                     "frozen": audit.records[-1].frozen})
+                     "changed_entries": record.changed, "max_abs_dW": record.max_abs_delta,
+                     "max_abs_displacement": float(np.abs(w.numpy().astype(np.float64) - w0)[frozen].max()),
+                     "frozen_entries": record.frozen})
     return pd.DataFrame(rows)
 
 
 def drift_matrix(config: AdamDriftConfig, progress: bool = True) -> pd.DataFrame:
-    """Run ``drift_run`` for every optimizer x policy x seed of ``config``. ``drift_matrix(AdamDriftConfig(["adam"]))``"""
+    """Run ``drift_run`` for every optimizer x policy x seed of ``config``. ``drift_matrix(AdamDriftConfig(["adam"]))``
+
+    Progress lines print per-run numbers averaged over seeds, as the tables do.
+    """
     frames = []
     for name in config.optimizers:
         for seed in config.seeds:
@@ -176,10 +233,11 @@ def drift_matrix(config: AdamDriftConfig, progress: bool = True) -> pd.DataFrame
                 frames.append(drift_run(name, policy, steps=config.steps, warmup=config.warmup,
                                         size=config.size, seed=seed, learning_rate=config.learning_rate))
         if progress:
-            final = pd.concat(frames).query("optimizer == @name and step == @config.steps")
-            worst = final.groupby("policy")["cumulative_drift"].max().to_dict()
-            print(f"drift matrix: {name:<17} max drift after {config.steps} steps: "
-                  + ", ".join(f"{p}={worst[p]:.2e}" for p in config.policies), flush=True)
+            runs = pd.concat(frames).query("optimizer == @name")
+            per_run = runs.groupby(["policy", "seed"])["changed_entries"].sum().groupby("policy").mean()
+            print(f"{name:<17} frozen entries changed, summed over {config.steps} steps (mean over "
+                  f"{len(config.seeds)} seeds): " + ", ".join(f"{p} {per_run[p]:g}" for p in config.policies),
+                  flush=True)
     return pd.concat(frames, ignore_index=True)
 
 
@@ -201,7 +259,11 @@ def predict_adam_drift(m0: np.ndarray, v0: np.ndarray, t0: int, steps: int, lear
 
 
 def adam_drift_vs_prediction(*, steps: int, warmup: int, size: int, seed: int, learning_rate: float) -> pd.DataFrame:
-    """Measured drift of frozen entries under Keras Adam with a naive gate, beside the prediction. ``adam_drift_vs_prediction(steps=20, ...)``"""
+    """Measured drift of frozen entries under Keras Adam with a naive gate, beside the prediction. ``adam_drift_vs_prediction(steps=20, ...)``
+
+    ``measured`` and ``predicted`` are signed displacements W − W_freeze of each frozen entry after each step.
+    """
+    enable_determinism(seed)
     x, y, frozen, init = _regression(size, seed)
     w = tf.Variable(init, name="W")
     opt = keras.optimizers.Adam(learning_rate)
@@ -235,7 +297,8 @@ def adam_drift_vs_prediction(*, steps: int, warmup: int, size: int, seed: int, l
 
 # -- summaries the notebook reports ---------------------------------------------------------------
 def seed2_summary(table: pd.DataFrame) -> dict[str, Any]:
-    """Scalars of the seed example: the drift, and how far TF1 and TF2 and the fixes agree. ``seed2_summary(df)``"""
+    """Scalars of the seed example: how far TF1 and TF2 and the fixes agree, and per method the frozen entries'
+    step-2 change (``..._frozen_max_abs_dW_step2``, ``..._frozen_changed_entries_step2``). ``seed2_summary(df)``"""
     w_cols = [c for c in table.columns if c.startswith("W[")]
 
     def weights(api: str, method: str, step: int) -> np.ndarray:
@@ -259,68 +322,61 @@ def seed2_summary(table: pd.DataFrame) -> dict[str, Any]:
         out[f"{key}_naive_W_step1"] = weights(api, "naive", 1).tolist()
         out[f"{key}_naive_W_step2"] = weights(api, "naive", 2).tolist()
         frozen = np.asarray(SEED2_MASKS[1]) == 0
-        drift = lambda m: float(np.abs(weights(api, m, 2) - weights(api, m, 1))[frozen].max())  # noqa: E731
-        out[f"{key}_naive_frozen_drift_step2"] = drift("naive")
-        for method in ("reset_slots", "stash_restore"):
-            out[f"{key}_{method}_frozen_drift_step2"] = drift(method)
+        for method in SEED2_TF1_METHODS if key == "tf1" else SEED2_TF2_METHODS:
+            delta = (weights(api, method, 2) - weights(api, method, 1))[frozen]
+            out[f"{key}_{method}_frozen_max_abs_dW_step2"] = float(np.abs(delta).max())
+            out[f"{key}_{method}_frozen_changed_entries_step2"] = int((delta != 0).sum())
     return out
 
 
 def drift_summary(matrix: pd.DataFrame) -> pd.DataFrame:
-    """Per optimizer x policy at the last step: drift mean ± std over seeds, and changed entries. ``drift_summary(m)``"""
-    last = matrix[matrix["step"] == matrix["step"].max()]
-    changed = matrix.groupby(["optimizer", "policy", "seed"], sort=False)["changed"].sum().rename("changed_total")
-    last = last.merge(changed.reset_index(), on=["optimizer", "policy", "seed"])
-    summary = last.groupby(["optimizer", "policy"], sort=False).agg(
-        drift_mean=("cumulative_drift", "mean"), drift_std=("cumulative_drift", "std"),
-        changed_total_mean=("changed_total", "mean"), frozen_entries=("frozen", "first"), seeds=("seed", "nunique"),
+    """Per optimizer x policy, mean and std over seeds of each run's totals. ``drift_summary(m)``
+
+    Per run: ``changed_entries_sum`` (frozen entries that changed, summed over all steps after freezing),
+    ``steps_with_change`` (steps in which at least one frozen entry changed), ``max_abs_dW`` (largest
+    one-step |ΔW| of a frozen entry over all steps) and ``max_abs_displacement`` (max |W − W_freeze| after the
+    last step). Then ``<name>_mean`` / ``<name>_std`` over seeds; ``steps`` and ``frozen_entries`` per run.
+    """
+    keys = ["optimizer", "policy", "seed"]
+    last = matrix[matrix["step"] == matrix["step"].max()].set_index(keys)["max_abs_displacement"]
+    runs = matrix.groupby(keys, sort=False).agg(
+        changed_entries_sum=("changed_entries", "sum"),
+        steps_with_change=("changed_entries", lambda c: int((c > 0).sum())),
+        max_abs_dW=("max_abs_dW", "max"), frozen_entries=("frozen_entries", "first"), steps=("step", "max"),
+    ).join(last).reset_index()
+    values = ["changed_entries_sum", "steps_with_change", "max_abs_dW", "max_abs_displacement"]
+    summary = runs.groupby(["optimizer", "policy"], sort=False).agg(
+        **{f"{v}_{stat}": (v, stat) for v in values for stat in ("mean", "std")},
+        frozen_entries=("frozen_entries", "first"), steps=("steps", "first"), seeds=("seed", "nunique"),
     )
     return summary.reset_index()
 
 
-def conclusion(seed2: dict[str, Any], summary: pd.DataFrame, prediction: pd.DataFrame) -> str:
-    """A Markdown conclusion computed from the numbers, so it stays true when they change. ``conclusion(s, d, p)``"""
-    naive = summary[summary["policy"] == "naive"]
-    drifting = naive[naive["drift_mean"] > 0]["optimizer"].tolist()
-    still = naive[naive["drift_mean"] == 0]["optimizer"].tolist()
-    fixed = summary[summary["policy"] != "naive"]
-    fixed_max = float(fixed["drift_mean"].max()) if len(fixed) else float("nan")
-    err = float((prediction["measured"] - prediction["predicted"]).abs().max())
-    scale = float(prediction["predicted"].abs().max())
-    return "\n".join([
-        f"* **The seed reproduces.** Under Adam the entries frozen in step 2 moved by "
-        f"{seed2['tf1_naive_frozen_drift_step2']:.4f} (TF1 graph) and {seed2['tf2_naive_frozen_drift_step2']:.4f} "
-        f"(TF2) with a zero gradient; TF1 and TF2 differ by at most {seed2['max_abs_diff_tf1_vs_tf2_naive']:.1e}.",
-        f"* **Masking the slots fixes it.** After `reset_slots` the frozen entries moved by "
-        f"{seed2['tf1_reset_slots_frozen_drift_step2']:.1e}; stash/restore matches `MaskedOptimizer(policy='hold')` "
-        f"to {seed2['max_abs_diff_stash_restore_vs_hold']:.1e}.",
-        f"* **Which optimizers drift under a stop_gradient mask:** {', '.join(drifting) or 'none'}. "
-        f"Frozen entries stay put only under: {', '.join(still) or 'none'}.",
-        f"* **`hold` and `reset`** leave every frozen entry of every optimizer where it was: the largest drift "
-        f"over all of them is {fixed_max:.1e}.",
-        f"* **The drift is predictable.** Adam's frozen-entry drift computed from m, v, beta_1, beta_2, epsilon "
-        f"and the step count matches the measurement to {err:.1e} (the drift itself reaches {scale:.2e}).",
-    ])
-
-
 def headline(metrics: dict[str, Any], summary: pd.DataFrame) -> dict[str, str]:
-    """The few numbers ``results/SUMMARY.md`` shows for this study. ``headline(metrics, summary)``"""
-    naive = summary[summary["policy"] == "naive"]
-    seeds = int(summary["seeds"].max())
-    adam = summary.query("optimizer == 'adam' and policy == 'naive'")
+    """Every section and every optimizer row, as text for ``results/SUMMARY.md``. ``headline(metrics, summary)``"""
+    s2 = metrics["seed2"]
+    steps, seeds = int(summary["steps"].max()), int(summary["seeds"].max())
+    spread = f"mean ± std over {seeds} seeds" if seeds > 1 else "1 seed"
+    w = lambda v: "[" + ", ".join(f"{x:.4f}" for x in v) + "]"  # noqa: E731
     out = {
-        "seed 2, step 2: drift of the frozen W[1], W[2] under Adam (TF1 graph / TF2)":
-            f"{metrics['seed2']['tf1_naive_frozen_drift_step2']:.4f} / {metrics['seed2']['tf2_naive_frozen_drift_step2']:.4f}",
-        "seed 2, step 2: the same after reset_slots via get_slot (TF1 graph)":
-            f"{metrics['seed2']['tf1_reset_slots_frozen_drift_step2']:.1e}",
-        "optimizers whose frozen entries drift under a stop_gradient mask":
-            f"{int((naive['drift_mean'] > 0).sum())} of {len(naive)}",
-        "largest drift of a frozen entry under MaskedOptimizer hold/reset (all optimizers, all seeds)":
-            f"{metrics['fixed_policies_max_drift']:.1e} ({metrics['fixed_policies_changed_entries']} changed entries)",
-        "max |measured - predicted| Adam drift": f"{metrics['prediction_max_abs_error']:.1e}",
+        "seed example, Adam: W after step 2, TF1 graph / TF2 Keras (W units)":
+            f"{w(s2['tf1_naive_W_step2'])} / {w(s2['tf2_naive_W_step2'])}",
+        "seed example, step 2: max |ΔW| of the frozen W[1], W[2], naive / get_slot reset / MaskedOptimizer hold (W units)":
+            f"{s2['tf1_naive_frozen_max_abs_dW_step2']:.4f} / {s2['tf1_reset_slots_frozen_max_abs_dW_step2']:g} / "
+            f"{s2['tf2_hold_frozen_max_abs_dW_step2']:g}",
     }
-    if len(adam):
-        row = adam.iloc[0]
-        out[f"Adam, naive gate: max drift after the last step (mean ± std, {seeds} seeds)"] = \
-            format_mean_std(float(row["drift_mean"]), float(row["drift_std"]))
+    out["how the optimizer rows below are summarised"] = (
+        f"mask only (naive gate), {int(summary['frozen_entries'].max())} frozen entries, {steps} steps after "
+        f"freezing; {spread}")
+    for r in summary[summary["policy"] == "naive"].itertuples():
+        out[f"{r.optimizer}: frozen entries changed, summed over the steps (count); max |W − W_freeze| at the end "
+            f"(W units)"] = (f"{format_mean_std(r.changed_entries_sum_mean, r.changed_entries_sum_std)}; "
+                             f"{format_mean_std(r.max_abs_displacement_mean, r.max_abs_displacement_std)}")
+    fixed = summary[summary["policy"] != "naive"]
+    if len(fixed):
+        policies = "/".join(dict.fromkeys(fixed["policy"]))
+        out[f"MaskedOptimizer {policies}, all {fixed['optimizer'].nunique()} optimizers: frozen entries changed, "
+            f"summed over {steps} steps and all seeds (count)"] = f"{metrics['fixed_policies_changed_entries']}"
+    out["Adam's drift predicted from m, v, β₁, β₂, ε, t: max |measured − predicted| / max |measured| (W units)"] = \
+        f"{metrics['prediction_max_abs_error']:.1e} / {metrics['prediction_max_abs_drift']:.2e}"
     return out

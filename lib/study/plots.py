@@ -15,217 +15,219 @@ FAMILY_COLOURS = {"naive": "tab:red", "reset_slots": "tab:blue", "reset": "tab:b
                   "stash_restore": "tab:green", "hold": "tab:green"}
 
 
-def seed2_trajectories(table: pd.DataFrame, entry: int = 1) -> plt.Figure:
-    """W[entry] after each step of the seed example; colour = outcome, dashed = TF1. ``seed2_trajectories(df)``"""
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    ax.axvspan(1.5, 2.5, color="0.92", zorder=0, label=f"W[{entry}] frozen (gradient 0)")
-    for (api, method), rows in table.groupby(["api", "method"], sort=False):
-        tf1 = api.startswith("TF1")
-        ax.plot(rows["step"], rows[f"W[{entry}]"], "--" if tf1 else "-", marker="x" if tf1 else "o",
-                ms=9 if tf1 else 5, color=FAMILY_COLOURS.get(method, "0.4"), alpha=0.75, label=f"{api}: {method}")
-    ax.set(xlabel="step", ylabel=f"W[{entry}]", xticks=sorted(table["step"].unique()),
-           title=f"Seed 2 under Adam: W[{entry}] (red: naive, blue: reset, green: hold)")
-    ax.legend(fontsize=7, loc="upper left")
+def seed2_trajectories(table: pd.DataFrame, entries: tuple[int, ...] = (1, 0)) -> plt.Figure:
+    """W[i] after each step of the seed example, a panel per entry; colour = method, marker = API. ``seed2_trajectories(df)``"""
+    masks = [str(m) for m in table.drop_duplicates("step").sort_values("step")["mask"]]
+    fig, axes = plt.subplots(1, len(entries), figsize=(5.2 * len(entries), 4.2), sharey=True, squeeze=False)
+    styles = {"TF1 graph": dict(ls="--", marker="x", ms=10), "TF2 Keras": dict(ls="-", marker="o", ms=5)}
+    for ax, entry in zip(axes[0], entries):
+        for step, mask in enumerate(masks, start=1):
+            if mask.replace(" ", "").strip("[]").split(",")[entry] == "0":
+                ax.axvspan(step - 0.45, step + 0.45, color="0.9", zorder=0)
+        for (api, method), rows in table.groupby(["api", "method"], sort=False):
+            ax.plot(rows["step"], rows[f"W[{entry}]"], color=FAMILY_COLOURS.get(method, "0.4"), alpha=0.8,
+                    label=f"{api}: {method}", **styles.get(api, {}))
+        ax.set_xticks(range(1, len(masks) + 1), [f"step {i}\nMW = {m}" for i, m in enumerate(masks, start=1)],
+                      fontsize=8)
+        same = table[f"W[{entry}]"].round(4).groupby(table["step"]).nunique().max() == 1  # TF1, TF2 differ ~1e-6
+        ax.set_title(f"W[{entry}]" + (": the same under every method" if same else "")
+                     + "\n(grey: frozen in that step, gradient 0)", fontsize=10)
+        ax.set_xlabel("training step and its mask (1 = trains)")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0, 0].set_ylabel("value after the step (W units)")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False, bbox_to_anchor=(0.5, -0.13))
+    fig.suptitle("Seed example under Adam (lr 0.1). Red: mask only; blue: slots zeroed; green: slots stashed and "
+                 "restored.\nTF1 graph mode (crosses, dashed) and TF2 (dots) overlap.", fontsize=10)
     fig.tight_layout()
     return fig
 
 
 def drift_heatmap(matrix: pd.DataFrame) -> plt.Figure:
-    """Optimizer x steps since freezing, one panel per policy; colour = max |drift| (grey = exactly 0). ``drift_heatmap(m)``"""
+    """Optimizer x steps since freezing, a panel per policy; colour = max |ΔW| of a frozen entry in that step. ``drift_heatmap(m)``"""
     policies = list(dict.fromkeys(matrix["policy"]))
     optimizers = list(dict.fromkeys(matrix["optimizer"]))
-    mean = matrix.groupby(["policy", "optimizer", "step"])["cumulative_drift"].mean()
+    mean = matrix.groupby(["policy", "optimizer", "step"])["max_abs_dW"].mean()
+    changed = matrix.groupby(["policy", "optimizer"])["changed_entries"].sum()
     positive = mean[mean > 0]
-    norm = LogNorm(vmin=max(float(positive.min()), 1e-9), vmax=float(positive.max())) if len(positive) else None
+    norm = LogNorm(vmin=max(float(positive.min()), 1e-12), vmax=float(positive.max())) if len(positive) else None
     cmap = plt.get_cmap("magma_r").copy()
     cmap.set_bad("0.85")
-    fig, axes = plt.subplots(1, len(policies), figsize=(4.2 * len(policies), 0.32 * len(optimizers) + 1.6),
-                             sharey=True, squeeze=False)
+    steps = sorted(matrix["step"].unique())
+    fig, axes = plt.subplots(1, len(policies), figsize=(3.9 * len(policies) + 1.2, 0.3 * len(optimizers) + 2.2),
+                             sharey=True, sharex=True, squeeze=False, layout="constrained")
     image = None
     for ax, policy in zip(axes[0], policies):
         grid = mean.loc[policy].unstack("step").reindex(optimizers)
         values = np.ma.masked_less_equal(grid.to_numpy(), 0.0)
         image = ax.imshow(values, aspect="auto", cmap=cmap, norm=norm, interpolation="nearest",
-                          extent=(grid.columns.min() - 0.5, grid.columns.max() + 0.5, len(optimizers) - 0.5, -0.5))
-        zero = int((grid.to_numpy() == 0).all(axis=1).sum())
-        ax.set_title(f"{policy}: {zero}/{len(optimizers)} rows exactly 0", fontsize=10)
-        ax.set_xlabel("steps since freezing")
+                          extent=(steps[0] - 0.5, steps[-1] + 0.5, len(optimizers) - 0.5, -0.5))
+        still = int((changed.loc[policy].reindex(optimizers) == 0).sum())
+        ax.set_title(f"{policy}: {still} of {len(optimizers)} optimizers\nchanged no frozen entry", fontsize=10)
+        ax.set_xlabel("step after freezing")
         ax.set_yticks(range(len(optimizers)), optimizers)
+        ticks = [s for s in steps if s == 1 or s % max(1, len(steps) // 4) == 0]
+        ax.set_xticks(ticks)
     if image is not None and norm is not None:
-        fig.colorbar(image, ax=axes[0].tolist(), label="max |W - W_frozen| over frozen entries (grey = 0)")
-    fig.suptitle("Drift of frozen entries, mean over seeds", y=1.02)
+        fig.colorbar(image, ax=axes[0].tolist(), label="max |ΔW| of a frozen entry in that step\n"
+                                                      "(W units, mean over seeds; grey = exactly 0)")
+    fig.suptitle("How far frozen entries move in each step after freezing")
     return fig
 
 
-def prediction_vs_measurement(prediction: pd.DataFrame, entries: int = 6) -> plt.Figure:
-    """Left: measured vs predicted Adam drift; right: a few entries over steps. ``prediction_vs_measurement(p)``"""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.scatter(prediction["predicted"], prediction["measured"], s=6, alpha=0.5)
+def prediction_vs_measurement(prediction: pd.DataFrame) -> plt.Figure:
+    """Left: measured vs predicted W − W_freeze; right: drift and prediction error per step. ``prediction_vs_measurement(p)``"""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    left.scatter(prediction["predicted"], prediction["measured"], s=6, alpha=0.5, label="a frozen entry after a step")
     lim = float(np.abs(prediction[["predicted", "measured"]].to_numpy()).max()) * 1.05
     left.plot([-lim, lim], [-lim, lim], color="k", lw=0.8, label="measured = predicted")
-    left.set(xlabel="predicted drift", ylabel="measured drift", title="Every frozen entry, every step")
-    left.legend()
-    first = prediction[prediction["seed"] == prediction["seed"].min()]
-    for n, (entry, rows) in enumerate(first.groupby("entry")):
-        if n >= entries:
-            break
-        right.plot(rows["step"], rows["measured"], lw=2, alpha=0.6)
-        right.plot(rows["step"], rows["predicted"], "k:", lw=1)
-    right.set(xlabel="steps since freezing", ylabel="W - W_frozen",
-              title="Measured (colour) and predicted (dotted)")
-    fig.tight_layout()
-    return fig
-
-
-METHOD_COLOURS = {"naive": "tab:red", "hold": "tab:green", "reset": "tab:blue", "var_list": "tab:purple",
-                  "trainable_recompile": "tab:olive", "trainable_no_recompile": "tab:orange", "gate": "tab:red",
-                  "masked_hold": "tab:green"}
-
-
-def finetune_bars(summary: pd.DataFrame) -> plt.Figure:
-    """Fine-tuning: test accuracy and frozen-layer drift per method, grouped by optimizer. ``finetune_bars(s)``"""
-    optimizers = list(dict.fromkeys(summary["optimizer"]))
-    methods = list(dict.fromkeys(summary["method"]))
-    width = 0.8 / len(methods)
-    fig, (acc_ax, drift_ax) = plt.subplots(1, 2, figsize=(13, 4))
-    for j, method in enumerate(methods):
-        rows = summary[summary["method"] == method].set_index("optimizer").reindex(optimizers)
-        xs = np.arange(len(optimizers)) + (j - (len(methods) - 1) / 2) * width
-        colour = METHOD_COLOURS.get(method)
-        acc_ax.bar(xs, rows["acc_new_mean"], width, yerr=rows["acc_new_std"].fillna(0), label=method, color=colour)
-        drift = rows["conv_max_drift_mean"].to_numpy()
-        drift_ax.bar(xs, np.where(drift > 0, drift, np.nan), width, color=colour, label=method)
-        for x, d in zip(xs, drift):
-            if d == 0:
-                drift_ax.text(x, 1.2e-9, "0", ha="center", va="bottom", fontsize=8, color=colour)
-    for ax in (acc_ax, drift_ax):
-        ax.set_xticks(range(len(optimizers)), optimizers)
-    acc_ax.set(ylabel="test accuracy on digits 5-9", title="Fine-tuned head, frozen conv1/conv2 (mean ± std)",
-               ylim=(0, 1.18))
-    drift_ax.set(yscale="log", ylim=(1e-9, None), ylabel="max |conv weight change| (0 printed)",
-                 title="Drift of the frozen conv layers")
-    acc_ax.legend(fontsize=7, ncol=3, loc="upper center")
-    fig.tight_layout()
-    return fig
-
-
-def _grid(table: pd.DataFrame) -> tuple[plt.Figure, np.ndarray, list, list]:
-    optimizers = list(dict.fromkeys(table["optimizer"]))
-    ps = sorted(table["p"].dropna().unique()) or [np.nan]
-    fig, axes = plt.subplots(len(optimizers), len(ps), figsize=(3.6 * len(ps) + 1, 2.6 * len(optimizers) + 0.6),
-                             squeeze=False, sharex=True)
-    return fig, axes, optimizers, ps
-
-
-def _select(table: pd.DataFrame, optimizer: str, p: float) -> pd.DataFrame:
-    rows = table[table["optimizer"] == optimizer]
-    return rows[rows["p"].isna()] if p != p else rows[rows["p"] == p]
-
-
-def masked_curves(table: pd.DataFrame, value: str, ylabel: str, log: bool = False) -> plt.Figure:
-    """Mean over seeds of ``value`` against step; rows = optimizer, columns = p; a line per method. ``masked_curves(t, "accuracy", "acc")``"""
-    fig, axes, optimizers, ps = _grid(table)
-    for i, name in enumerate(optimizers):
-        for j, p in enumerate(ps):
-            ax = axes[i, j]
-            rows = _select(table, name, p).dropna(subset=[value])
-            for method, group in rows.groupby("method", sort=False):
-                curve = group.groupby("step")[value].agg(["mean", "std"])
-                colour = METHOD_COLOURS.get(method)
-                ax.plot(curve.index, curve["mean"], label=method, color=colour)
-                ax.fill_between(curve.index, curve["mean"] - curve["std"].fillna(0),
-                                curve["mean"] + curve["std"].fillna(0), color=colour, alpha=0.15)
-            if log:
-                ax.set_yscale("symlog", linthresh=1e-3)
-            ax.set_title(f"{name}" + ("" if p != p else f", p = {p:g} trainable"), fontsize=9)
-            if j == 0:
-                ax.set_ylabel(ylabel)
-            if i == len(optimizers) - 1:
-                ax.set_xlabel("step")
-    axes[0, 0].legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-def accuracy_vs_p(summary: pd.DataFrame) -> plt.Figure:
-    """Final test accuracy against the trainable fraction p, a line per method, a panel per optimizer. ``accuracy_vs_p(s)``"""
-    optimizers = list(dict.fromkeys(summary["optimizer"]))
-    fig, axes = plt.subplots(1, len(optimizers), figsize=(4 * len(optimizers), 3.4), squeeze=False, sharey=True)
-    for ax, name in zip(axes[0], optimizers):
-        for method, rows in summary[summary["optimizer"] == name].groupby("method", sort=False):
-            rows = rows.sort_values("p")
-            ax.errorbar(rows["p"], rows["accuracy_mean"], yerr=rows["accuracy_std"].fillna(0), marker="o",
-                        capsize=3, label=method, color=METHOD_COLOURS.get(method))
-        ax.set(title=name, xlabel="p (fraction trainable each step)")
-    axes[0, 0].set_ylabel("final test accuracy")
-    axes[0, 0].legend(fontsize=8)
+    left.set(xlabel="predicted W − W_freeze (W units)", ylabel="measured W − W_freeze (W units)",
+             title=f"Every frozen entry after every step, {prediction['seed'].nunique()} seed(s)")
+    left.legend(fontsize=8)
+    per_step = prediction.assign(drift=prediction["measured"].abs(),
+                                 error=(prediction["measured"] - prediction["predicted"]).abs()).groupby("step")
+    drift, error = per_step["drift"].max(), per_step["error"].max()
+    right.plot(drift.index, drift.values, marker="o", ms=3, label="max |W − W_freeze| (measured drift)")
+    right.plot(error.index, error.values, marker="s", ms=3, color="tab:red", label="max |measured − predicted|")
+    right.set(yscale="log", xlabel="step after freezing", ylabel="W units (log scale)",
+              title="Drift and prediction error, max over entries and seeds")
+    right.legend(fontsize=8, loc="center right")
+    fig.suptitle("Adam's drift of frozen entries, predicted from m, v, β₁, β₂, ε and t, against the measurement",
+                 fontsize=10)
     fig.tight_layout()
     return fig
 
 
 def gan_losses(logs: pd.DataFrame) -> plt.Figure:
-    """D and G loss against iteration, mean over seeds; a panel per optimizer x network. ``gan_losses(logs)``"""
+    """D and G loss against iteration, mean over seeds; a panel per optimizer x network, shared axes. ``gan_losses(logs)``"""
     optimizers = list(dict.fromkeys(logs["optimizer"]))
-    fig, axes = plt.subplots(len(optimizers), 2, figsize=(12, 3.2 * len(optimizers)), squeeze=False, sharex=True)
+    methods = list(dict.fromkeys(logs["method"]))
+    colours = dict(zip(methods, plt.get_cmap("tab10").colors))
+    fig, axes = plt.subplots(len(optimizers), 2, figsize=(12, 2.9 * len(optimizers) + 0.8), squeeze=False,
+                             sharex=True, sharey=True, layout="constrained")
     for i, name in enumerate(optimizers):
         for j, loss in enumerate(("d_loss", "g_loss")):
             ax = axes[i, j]
-            for method, rows in logs[logs["optimizer"] == name].groupby("method", sort=False):
+            for method in methods:
+                rows = logs[(logs["optimizer"] == name) & (logs["method"] == method)]
                 curve = rows.groupby("iteration")[loss].mean()
-                ax.plot(curve.index, curve.values, label=method, lw=1.2)
-            ax.set(title=f"{name}: {'discriminator' if j == 0 else 'generator'} loss", xlabel="iteration")
-    axes[0, 1].legend(fontsize=7, ncol=2)
-    fig.tight_layout()
+                ax.plot(curve.index, curve.values, label=method, lw=1.1, color=colours[method])
+            ax.axhline(2 * np.log(2) if j == 0 else np.log(2), color="k", lw=0.7, ls=":")
+            ax.set_title(f"{name}: {'discriminator' if j == 0 else 'generator'} loss"
+                         + (" (dotted: 2 ln 2, a D that cannot tell)" if j == 0 else " (dotted: ln 2)"), fontsize=10)
+            if i == len(optimizers) - 1:
+                ax.set_xlabel("iteration")
+            if j == 0:
+                ax.set_ylabel("binary cross-entropy (nats)")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(methods), 5), fontsize=8, frameon=False)
+    fig.suptitle(f"Losses, mean over {logs['seed'].nunique()} seed(s), logged every few iterations; "
+                 "lines of runs with identical updates lie on top of each other", fontsize=10)
     return fig
 
 
-def sample_grids(grids: dict[str, np.ndarray], columns: int = 4) -> plt.Figure:
-    """One 8x8 grid of generated digits per method, the same latent vectors for all. ``sample_grids({"m": x})``"""
-    rows = int(np.ceil(len(grids) / columns))
-    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.4 * rows), squeeze=False)
+def sample_grids(grids: dict, quality: pd.DataFrame | None = None, optimizer: str = "adam") -> plt.Figure:
+    """One 8x8 grid of generated digits per method (one optimizer), the same latent vectors for all. ``sample_grids(g)``
+
+    ``grids`` maps (method, optimizer) to images in [-1, 1]; ``quality`` (a runs table) adds the judge's
+    classes seen to each title.
+    """
+    chosen = {m: x for (m, o), x in grids.items() if o == optimizer}
+    rows = int(np.ceil(len(chosen) / 4))
+    columns = int(np.ceil(len(chosen) / rows))  # at most 4 a row, rows as even as they can be
+    fig, axes = plt.subplots(rows, columns, figsize=(3.1 * columns, 3.5 * rows), squeeze=False, layout="constrained")
     for ax in axes.flat:
         ax.axis("off")
-    for ax, (method, images) in zip(axes.flat, grids.items()):
+    for ax, (method, images) in zip(axes.flat, chosen.items()):
         tiles = ((images[:64].reshape(8, 8, 28, 28) + 1) / 2).transpose(0, 2, 1, 3).reshape(8 * 28, 8 * 28)
         ax.imshow(tiles, cmap="gray", vmin=0, vmax=1)
-        ax.set_title(method, fontsize=10)
-    fig.suptitle("Samples under Adam, seed 0, fixed latent vectors")
-    fig.tight_layout()
+        title = method
+        if quality is not None:
+            q = quality[(quality["method"] == method) & (quality["optimizer"] == optimizer)]
+            if len(q):
+                q = q.sort_values("seed").iloc[0]
+                title += f"\n{int(q['classes_seen'])} of 10 classes seen"
+        ax.set_title(title, fontsize=9)
+    fig.suptitle(f"Samples under {optimizer}, first seed, the same fixed latent vectors for every method", fontsize=10)
     return fig
 
 
 def gan_drift_bars(summary: pd.DataFrame) -> plt.Figure:
-    """Max drift of what should stay frozen, per method and optimizer (0 printed). ``gan_drift_bars(s)``"""
+    """What should stay frozen: changed entries and max |ΔW| per method and optimizer (zeros labelled). ``gan_drift_bars(s)``"""
     methods = list(dict.fromkeys(summary["method"]))
     optimizers = list(dict.fromkeys(summary["optimizer"]))
-    fig, ax = plt.subplots(figsize=(11, 3.8))
+    changed = ["g_changed_entries_in_d_step", "d_changed_entries_in_g_step", "gated_changed_entries"]
+    delta = ["g_max_abs_dW_in_d_step", "d_max_abs_dW_in_g_step", "gated_max_abs_dW"]
+    fig, axes = plt.subplots(2, 1, figsize=(11, 6.4), sharex=True, layout="constrained")
     width = 0.8 / len(optimizers)
-    for j, name in enumerate(optimizers):
-        rows = summary[summary["optimizer"] == name].set_index("method").reindex(methods)
-        drift = rows[["g_max_drift_in_d_step", "d_max_drift_in_g_step", "gated_max_drift"]].max(axis=1).to_numpy()
-        xs = np.arange(len(methods)) + (j - (len(optimizers) - 1) / 2) * width
-        ax.bar(xs, np.where(drift > 0, drift, np.nan), width, label=name)
-        for x, d in zip(xs, drift):
-            if d == 0:
-                ax.text(x, 1.2e-9, "0", ha="center", va="bottom", fontsize=9)
-    ax.set_xticks(range(len(methods)), methods, rotation=15, ha="right")
-    top = float(np.nanmax(summary[["g_max_drift_in_d_step", "d_max_drift_in_g_step", "gated_max_drift"]].to_numpy()))
-    ax.set(yscale="log", ylim=(1e-9, max(top, 1e-8) * 3), ylabel="max |change| of a frozen weight in one step",
-           title="Does the network that should be frozen move? (0 printed)")
-    ax.legend()
-    fig.tight_layout()
+    panels = [(axes[0], changed, "sum", "frozen entries changed, summed over\niterations (count, mean over seeds)"),
+              (axes[1], delta, "max", "largest one-step |ΔW| of a frozen\nentry (W units, max over seeds)")]
+    for ax, columns, how, label in panels:
+        values = summary[columns].sum(axis=1) if how == "sum" else summary[columns].max(axis=1)
+        top = max(float(values.max()), 1.0 if how == "sum" else 1e-8)
+        bottom = 0.5 if how == "sum" else 1e-9
+        for j, name in enumerate(optimizers):
+            rows = summary["optimizer"] == name
+            v = values[rows].to_numpy()
+            xs = np.array([methods.index(m) for m in summary.loc[rows, "method"]]) + (j - (len(optimizers) - 1) / 2) * width
+            ax.bar(xs, np.where(v > 0, v, np.nan), width, label=name, color=f"C{j}")
+            for x, d in zip(xs, v):
+                if d == 0:
+                    ax.text(x, bottom * 1.5, "0", ha="center", va="bottom", fontsize=8, color=f"C{j}")
+        ax.set(yscale="log", ylim=(bottom, top * 5), ylabel=label)
+        ax.grid(axis="y", alpha=0.3)
+    axes[1].set_xticks(range(len(methods)), methods, rotation=20, ha="right", rotation_mode="anchor")
+    axes[1].set_xlim(-0.6, len(methods) - 0.4)
+    axes[0].legend(title="optimizer", fontsize=8)
+    fig.suptitle("Does what should stay frozen move? Other network in each step, plus the gated-off part "
+                 "(0 = not one bit changed)", fontsize=10)
     return fig
 
 
-def bias_correction_ratio(effect: pd.DataFrame) -> plt.Figure:
-    """Adam's bias correction with a shared counter over G's own, against iteration. ``bias_correction_ratio(e)``"""
-    fig, ax = plt.subplots(figsize=(6.5, 3.4))
-    curve = effect.groupby("iteration")["ratio"].mean()
-    ax.plot(curve.index, curve.values, marker=".")
+def gan_coverage(runs: pd.DataFrame) -> plt.Figure:
+    """Classes the judge sees in the samples and its confidence, per method and optimizer; a dot per seed. ``gan_coverage(runs)``"""
+    methods = list(dict.fromkeys(runs["method"]))
+    optimizers = list(dict.fromkeys(runs["optimizer"]))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharex=True, layout="constrained")
+    width = 0.8 / len(optimizers)
+    for ax, value, label, top in ((axes[0], "classes_seen", "classes seen by the judge (of 10)", 10.5),
+                                  (axes[1], "coverage_entropy", "coverage: entropy of the judged classes\n"
+                                                                "(0 = one class, 1 = all ten equally)", 1.05)):
+        for j, name in enumerate(optimizers):
+            rows = runs[runs["optimizer"] == name]
+            stats = rows.groupby("method", sort=False)[value].agg(["mean", "std"]).reindex(methods)
+            xs = np.arange(len(methods)) + (j - (len(optimizers) - 1) / 2) * width
+            ax.bar(xs, stats["mean"], width, yerr=stats["std"].fillna(0), capsize=2, color=f"C{j}", alpha=0.6,
+                   label=f"{name}: mean ± std")
+            for x, method in zip(xs, methods):
+                seeds = rows.loc[rows["method"] == method, value].to_numpy()
+                ax.scatter(np.full(len(seeds), x), seeds, s=12, color="k", zorder=3,
+                           label="one seed" if (j, method) == (0, methods[0]) else None)
+        ax.set(ylim=(0, top), ylabel=label, xlim=(-0.6, len(methods) - 0.4))
+        ax.set_xticks(range(len(methods)), methods, rotation=25, ha="right", rotation_mode="anchor")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].axhline(1, color="tab:red", lw=0.8, ls="--")
+    axes[0].set_yticks(range(0, 11))
+    axes[0].legend(fontsize=8, loc="upper right")
+    fig.suptitle(f"Mode collapse: what the judge sees in {int(runs['seed'].nunique())} seed(s) of samples "
+                 "(red dashed: a single class)", fontsize=10)
+    return fig
+
+
+def bias_correction_ratio(effect: pd.DataFrame, beta_1: float = 0.5, beta_2: float = 0.999) -> plt.Figure:
+    """G's Adam bias correction with one optimizer for D and G over that with its own, against iteration. ``bias_correction_ratio(e)``"""
+    fig, ax = plt.subplots(figsize=(7, 3.6), layout="constrained")
+    t = np.arange(1, int(effect["iteration"].max()) + 1, dtype=np.float64)
+    c = lambda n: np.sqrt(1 - beta_2 ** n) / (1 - beta_1 ** n)  # noqa: E731
+    ax.plot(t, c(2 * t) / c(t), color="0.5", lw=1, label="c(2t) / c(t), every iteration")
+    logged = effect.groupby("iteration")["ratio"].mean()
+    ax.plot(logged.index, logged.values, "o", ms=3, label="from the counters logged in the run")
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.set(xscale="log", xlabel="iteration", ylabel="c(t_shared) / c(t_own)",
-           title="One Adam for D and G: G's step size vs its own optimizer")
-    fig.tight_layout()
+    ticks = [x for x in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000) if x <= t[-1]]
+    ax.set(xscale="log", xlabel="iteration t (log scale)", ylabel="c(t_shared) / c(t_own)",
+           title=f"One Adam for D and G (β₁ = {beta_1}): G's step size relative to G's own optimizer")
+    ax.set_xticks(ticks, [str(x) for x in ticks])
+    ax.legend(fontsize=8)
     return fig
 
 
