@@ -1,67 +1,153 @@
-"""Benchmark: asynchronous parameter-server throughput, 2 workers vs 1, and the PS step vs a local step.
+"""Benchmark: asynchronous Downpour SGD on the Deep MNIST CNN -- scaling with workers, and the cost of the ps.
 
-All on this machine in one run: ``run_downpour`` with 1 and 2 workers (one ps task; ``steps_per_function``
-steps packed into each scheduled function), then the same MLP step (compute, T(g), assign_sub) in a local
-``tf.function`` loop. Prints ratios; asserts nothing about time.
+In one run, on one ``LocalCluster`` (4 workers, 2 ps tasks; each worker limited to one core:
+``intra_op_parallelism_threads=1`` and ``os.sched_setaffinity``), repeated ``--repeats`` times, interleaved:
+
+* the same worker loop in a local process limited the same way (no ps, no network);
+* Downpour with 1 worker and with 2 workers, ``n_fetch = n_push = 4``;
+* then 4 workers, oversubscribed: 4 one-core workers on this machine's cores.
+
+Ratios: scaling = steps/s of 2 workers / 1 worker (target >= 1.6); overhead = the PS step time / the local
+step time, with 1 worker (target <= 1.3). Steps/s are measured after warm-up (tracing, shipping the function
+and the data to each worker). The CPU seconds each task used in that window, and the load average, are
+reported too: on a shared machine a worker that does not get its core shows up there, not in the ratio.
+Prints; asserts nothing about time. ``python bench/bench_ps.py --repeats 3``
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
+import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from freezing import gradients  # noqa: E402
+from study.cluster import LocalCluster  # noqa: E402
 from study.parameter_server import DownpourConfig, run_downpour  # noqa: E402
 
+BASE = DownpourConfig(n_fetch=4, n_push=4, steps_per_function=8, batch=50, learning_rate=0.05, ps=2)
 
-def local_steps_per_s(steps: int, batch: int = 64, hidden: int = 128, learning_rate: float = 0.1) -> float:
-    """The Downpour step without the cluster: same MLP, same compute -> transform -> apply, in-process."""
-    rng = np.random.default_rng(0)
-    params = [tf.Variable(rng.normal(0, 0.05, (784, hidden)).astype(np.float32)), tf.Variable(np.zeros(hidden, np.float32)),
-              tf.Variable(rng.normal(0, 0.05, (hidden, 10)).astype(np.float32)), tf.Variable(np.zeros(10, np.float32))]
-    x = tf.constant(rng.random((batch, 784)).astype(np.float32))
-    y = tf.constant(rng.integers(0, 10, batch).astype(np.int32))
 
-    @tf.function
-    def step() -> tf.Tensor:
-        loss, grads = gradients.compute(lambda: tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-            y, tf.nn.relu(x @ params[0] + params[1]) @ params[2] + params[3])), params)
-        gradients.apply(gradients.transform(grads, None), params, learning_rate=learning_rate)
-        return loss
+def _load() -> float:
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except OSError:
+        return float("nan")
 
-    step().numpy()
-    start = time.perf_counter()
-    for _ in range(steps):
-        loss = step()
-    loss.numpy()
-    return steps / (time.perf_counter() - start)
+
+def local_child(config: DownpourConfig, functions: int, repeats: int) -> dict:
+    """The local loop in a fresh process (its thread pools and affinity are set before TensorFlow starts)."""
+    run = subprocess.run([sys.executable, __file__, "--local-child", json.dumps(dataclasses.asdict(config)),
+                          str(functions), str(repeats)], capture_output=True, text=True, timeout=600)
+    if run.returncode != 0:
+        raise RuntimeError(f"bench_ps: the local loop failed: {run.stderr[-1500:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def ps_run(cluster: LocalCluster, workers: int, functions_per_worker: int) -> dict:
+    warmup = workers  # one function per worker: tracing, and shipping the function and the data to it
+    config = dataclasses.replace(BASE, workers=workers, warmup_functions=warmup,
+                                 steps=(warmup + functions_per_worker * workers) * BASE.steps_per_function)
+    load = _load()
+    r = run_downpour(config, cluster, timeout_s=900)
+    window = r["steady_seconds"]
+    cpu = r["steady_task_cpu_s"]
+    worker_cpu = sum(v for k, v in cpu.items() if k.startswith("worker") and v is not None)
+    return {"workers": workers, "steps_per_s": r["steps_per_s"], "updates_per_s": r["updates_per_s"],
+            "steady_seconds": window, "steady_steps": r["steady_steps"],
+            "busy_workers_mean": r.get("busy_workers_mean"),
+            "worker_cpu_share": {k: (v / window if v is not None else None) for k, v in cpu.items()},
+            "worker_cpu_s_per_step": worker_cpu / r["steady_steps"] if r["steady_steps"] else None,
+            "ps_cpu_s_per_step": sum(v for k, v in cpu.items() if k.startswith("ps") and v is not None)
+            / r["steady_steps"] if r["steady_steps"] else None,
+            "worker_steps_per_cpu_s": r["steady_steps"] / worker_cpu if worker_cpu else None,
+            "staleness_mean": statistics.fmean(r["staleness"]) if r["staleness"] else 0.0,
+            "load_before": load, "load_after": _load()}
+
+
+def _spread(values: list[float]) -> str:
+    if len(values) < 2:
+        return f"{values[0]:.2f}"
+    return (f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f} "
+            f"(min {min(values):.2f}, max {max(values):.2f}, n={len(values)})")
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--steps-per-function", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--functions-per-worker", type=int, default=4, help="timed functions per worker per run")
+    parser.add_argument("--four-workers", type=int, default=2, help="repeats of the 4-worker run (0: skip)")
+    parser.add_argument("--local-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    rates = {}
-    for workers in (1, 2):
-        result = run_downpour(DownpourConfig(workers=workers, steps=args.steps, steps_per_function=args.steps_per_function,
-                                             eval_every=10**6))
-        rates[workers] = result["steps_per_s"]
-    local = local_steps_per_s(args.steps)
-    out = {"ps_updates_per_s": rates, "local_steps_per_s": local, "ratio_2_over_1_workers": rates[2] / rates[1],
-           "ratio_local_over_ps_1_worker": local / rates[1], "steps_per_function": args.steps_per_function,
-           "cpus": os.cpu_count()}
-    print(f"Asynchronous Downpour SGD (MLP 784-128-10, batch 64), {args.steps} updates, "
-          f"{args.steps_per_function} steps per scheduled function, {os.cpu_count()} cores")
-    print(f"  1 worker {rates[1]:7.1f} updates/s; 2 workers {rates[2]:7.1f} updates/s; local loop {local:7.1f} steps/s")
-    print(f"  ratio 2 workers / 1 worker      = {out['ratio_2_over_1_workers']:.3f}  (target >= 1.6)")
-    print(f"  PS step overhead: local / PS(1) = {out['ratio_local_over_ps_1_worker']:.2f}x")
+    if args.local_child:
+        from study.parameter_server import local_steps_per_s
+
+        config = DownpourConfig(**json.loads(args.local_child[0]))
+        print(json.dumps(local_steps_per_s(config, functions=int(args.local_child[1]),
+                                           repeats=int(args.local_child[2]))))
+        return {}
+
+    started = time.monotonic()
+    runs: dict[str, list] = {"local": [], "1": [], "2": [], "4": []}
+    with LocalCluster(workers=4, ps=2, start_timeout=300) as cluster:
+        for _ in range(args.repeats):
+            local = local_child(BASE, functions=args.functions_per_worker, repeats=1)
+            runs["local"].append({"steps_per_s": local["steps_per_s"][0], "cpu_s_per_step": local["cpu_s_per_step"][0],
+                                  "cpu_share": local["steps_per_s"][0] * local["cpu_s_per_step"][0],
+                                  "limits": local["limits"]})
+            print(f"  local loop: {runs['local'][-1]['steps_per_s']:.2f} steps/s", flush=True)
+            for workers in (1, 2):
+                runs[str(workers)].append(ps_run(cluster, workers, args.functions_per_worker))
+                print(f"  {workers} worker(s): {runs[str(workers)][-1]['steps_per_s']:.2f} steps/s", flush=True)
+        for _ in range(args.four_workers):
+            runs["4"].append(ps_run(cluster, 4, max(1, args.functions_per_worker // 2)))
+            print(f"  4 workers: {runs['4'][-1]['steps_per_s']:.2f} steps/s", flush=True)
+    rate = {k: [r["steps_per_s"] for r in v] for k, v in runs.items()}
+    scaling = [b / a for a, b in zip(rate["1"], rate["2"])]
+    overhead = [loc / ps for loc, ps in zip(rate["local"], rate["1"])]
+    cpu_overhead = [(r["worker_cpu_s_per_step"] + r["ps_cpu_s_per_step"]) / loc["cpu_s_per_step"]
+                    for r, loc in zip(runs["1"], runs["local"])]
+    shares = [min(v for k, v in r["worker_cpu_share"].items() if k.startswith("worker") and v is not None)
+              for r in runs["2"]]
+    # what 2 workers would give if each had a core to itself: twice the ratio of steps per worker CPU second
+    cpu_scaling = [2 * b["worker_steps_per_cpu_s"] / a["worker_steps_per_cpu_s"] for a, b in zip(runs["1"], runs["2"])]
+    out = {"runs": runs, "scaling_2_over_1": scaling, "cpu_time_scaling_2_over_1": cpu_scaling,
+           "overhead_ps_over_local": overhead,
+           "cpu_overhead_ps_over_local": cpu_overhead,
+           "scaling_4_over_1": [r / statistics.fmean(rate["1"]) for r in rate["4"]],
+           "limits": f"each worker and the local loop: {runs['local'][0]['limits'].replace(', pinned to core 0', '')}, "
+                     "one core each (os.sched_setaffinity)",
+           "config": dataclasses.asdict(BASE), "cpus": os.cpu_count(), "seconds": time.monotonic() - started}
+    print(f"\nAsynchronous Downpour SGD, Deep MNIST CNN (3,274,634 parameters), batch {BASE.batch}, "
+          f"n_fetch = n_push = {BASE.n_fetch}, {BASE.steps_per_function} steps per scheduled function, 2 ps tasks "
+          f"(fc1/kernel split over both), {os.cpu_count()} cores.")
+    print(f"Limits: {out['limits']}; ps and chief unlimited. Steps/s after warm-up, {args.repeats} repeats, "
+          f"interleaved; load average {min(r['load_before'] for r in runs['1']):.1f}-"
+          f"{max(r['load_after'] for r in runs['2']):.1f} during the runs.")
+    for key, name in (("local", "local one-core loop"), ("1", "PS, 1 worker"), ("2", "PS, 2 workers"),
+                      ("4", "PS, 4 workers")):
+        if rate[key]:
+            print(f"  {name:<22} {_spread(rate[key])} steps/s")
+    print(f"  scaling 2 workers / 1 worker       = {_spread(scaling)}   (target >= 1.6)")
+    print(f"  overhead PS step / local step      = {_spread(overhead)}   (target <= 1.3)")
+    print(f"  ... in CPU seconds per step (worker + ps) / local = {_spread(cpu_overhead)}")
+    one_share = [r["worker_cpu_share"]["worker:0"] for r in runs["1"]]
+    print(f"  share of a core the local loop got: {_spread([r['cpu_share'] for r in runs['local']])}; "
+          f"the worker of the 1-worker runs: {_spread(one_share)}")
+    print(f"  smallest CPU share a worker got in the 2-worker runs: {_spread(shares)} of a core")
+    print(f"  scaling from CPU time (2 x steps per worker-CPU-second, 2 workers / 1) = {_spread(cpu_scaling)}"
+          f"  (what the ratio would be if each worker had its core to itself)")
+    if rate["4"]:
+        print(f"  4 workers / 1 worker               = {_spread(out['scaling_4_over_1'])}  (4 one-core workers on "
+              f"{os.cpu_count()} cores: at most {os.cpu_count()}x, less the ps and the chief)")
+    print(f"  ({out['seconds']:.0f} s in all)")
     return out
 
 

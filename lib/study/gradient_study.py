@@ -1,20 +1,20 @@
-"""Study 04: getting all gradients efficiently, the compute -> transform -> apply split, and staleness.
+"""Study 04: getting all gradients efficiently, compute -> transform -> apply, Downpour SGD, and staleness.
 
 * ``fetch_costs``: ms for all gradients of the Deep MNIST CNN, one pass vs one per variable, in TF1 graph
   mode (``sess.run(all)`` vs ``g.eval()`` per variable) and in TF2 (one tape, a persistent tape per
   variable, recomputing per variable), eagerly and inside ``tf.function``.
 * ``exact_update_check`` and ``quadratic_with_tensorboard``: ``x_after == x_before - lr*T(g)``, and the
   seed's TensorBoard scalars of ``x`` and ``dy/dx``.
-* ``staleness_study``: in one process, every gradient applied tau updates late, for SGD and Adam.
-The asynchronous parameter server itself is ``study.parameter_server``.
+* ``StaleTrainer``/``staleness_study``: in one process, every gradient applied tau updates late, for SGD and
+  Adam, many seeds at once; ``dai_check`` and ``paired_difference`` test Dai et al.'s claim on the result.
+* ``ps_*`` tables: the asynchronous parameter-server runs (``study.parameter_server``) as tables.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -24,40 +24,64 @@ import pandas as pd
 import tensorflow as tf
 
 from freezing import gradients
+from freezing.validation import check_choice, check_choices, check_int_list, check_positive_int, check_range
 from study.data import MnistSplits
 from study.models import deep_mnist_cnn
 from study.training import LOSS
-from freezing.validation import check_choices, check_int_list, check_positive_int, check_range
 
-STALENESS_OPTIMIZERS = {"sgd": lambda lr: keras.optimizers.SGD(lr), "adam": lambda lr: keras.optimizers.Adam(lr),
-                        "adagrad": lambda lr: keras.optimizers.Adagrad(lr)}
+STALENESS_OPTIMIZERS = ("sgd", "adam", "adagrad")
+FAULTS = ("worker", "chief", "ps")
 
 
 @dataclass(frozen=True)
 class GradientStudyConfig:
-    """Parameters of study 04, validated on construction. ``GradientStudyConfig(repeats=3)``"""
+    """Parameters of study 04 and their defaults (the full run), validated. ``GradientStudyConfig(repeats=3)``"""
 
+    # 1-2. gradient fetching and the exact update
     batch: int = 50
     repeats: int = 5
-    worker_counts: Sequence[int] = (1, 2, 4)
-    ps_steps: int = 240
-    steps_per_function: int = 4
-    ps_learning_rate: float = 0.1
-    kill_worker_after: int = 10
-    taus: Sequence[int] = (0, 1, 2, 4, 8, 16)
+    # 3-5. Downpour SGD on a local cluster: the Deep MNIST CNN, n_fetch = n_push = ps_n unless swept
+    ps_model: str = "study.models:deep_mnist_cnn"
+    worker_counts: Sequence[int] = (1, 2)
+    ps_tasks: int = 2
+    ps_steps: int = 256
+    ps_batch: int = 50
+    ps_learning_rate: float = 0.05
+    ps_n: int = 4
+    ps_steps_per_function: int = 8
+    ps_eval_every: int = 8
+    n_push_sweep: Sequence[int] = (1, 2, 8)
+    n_push_sweep_steps: int = 128
+    fault_model: str = "study.ps_examples:mnist_mlp"
+    fault_steps: int = 240
+    faults: Sequence[str] = ("worker", "chief", "ps")
+    # 6. staleness in one process
+    taus: Sequence[int] = (0, 2, 4, 8, 16)
     staleness_optimizers: Sequence[str] = ("sgd", "adam")
     staleness_learning_rates: dict[str, list[float]] = field(
         default_factory=lambda: {"sgd": [0.05, 0.2, 0.5], "adam": [0.001, 0.003, 0.01], "adagrad": [0.05, 0.1, 0.3]})
-    staleness_steps: int = 200
-    seeds: Sequence[int] = (0, 1, 2)
+    staleness_steps: int = 300
+    staleness_eval_every: int = 10
+    staleness_target: float = 0.85
+    seeds: Sequence[int] = (0, 1, 2, 3, 4, 5, 6, 7)
 
     def __post_init__(self) -> None:
-        for name in ("batch", "repeats", "ps_steps", "steps_per_function", "kill_worker_after", "staleness_steps"):
+        for name in ("batch", "repeats", "ps_tasks", "ps_steps", "ps_batch", "ps_n", "ps_steps_per_function",
+                     "ps_eval_every", "n_push_sweep_steps", "fault_steps", "staleness_steps", "staleness_eval_every"):
             check_positive_int(name, getattr(self, name))
         check_int_list("worker_counts", self.worker_counts, minimum=1)
+        if list(self.n_push_sweep):  # empty: no sweep
+            check_int_list("n_push_sweep", self.n_push_sweep, minimum=1)
+        check_choices("faults", self.faults, FAULTS)
         check_int_list("taus", self.taus, minimum=0)
+        if 0 not in self.taus:
+            raise ValueError(f"taus: must include 0 (the baseline each delay is compared with); got {list(self.taus)}")
         check_int_list("seeds", self.seeds, minimum=0)
         check_range("ps_learning_rate", self.ps_learning_rate, 0.0, 10.0, low_open=True)
+        check_range("staleness_target", self.staleness_target, 0.0, 1.0, low_open=True)
+        if self.staleness_steps % self.staleness_eval_every:
+            raise ValueError(f"staleness_eval_every: must divide staleness_steps={self.staleness_steps}; "
+                             f"got {self.staleness_eval_every}")
         check_choices("staleness_optimizers", self.staleness_optimizers, STALENESS_OPTIMIZERS)
         for name in self.staleness_optimizers:
             rates = self.staleness_learning_rates.get(name) if isinstance(self.staleness_learning_rates, dict) else None
@@ -65,6 +89,25 @@ class GradientStudyConfig:
                 raise ValueError(f"staleness_learning_rates: no rates for {name!r}; give a list per optimizer")
             for lr in rates:
                 check_range(f"staleness_learning_rates[{name}]", lr, 0.0, 10.0, low_open=True)
+        for n in (self.ps_n, *self.n_push_sweep):
+            if self.ps_steps_per_function % n:
+                raise ValueError(f"ps_steps_per_function: must be a multiple of ps_n and of every n_push_sweep value; "
+                                 f"{self.ps_steps_per_function} is not a multiple of {n}")
+
+    @classmethod
+    def from_parameters(cls, values: Mapping[str, Any]) -> GradientStudyConfig:
+        """The config from notebook parameters: every field name in ``values`` that is not None; defaults otherwise."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names and v is not None})
+
+    @classmethod
+    def parameter_names(cls) -> list[str]:
+        """Every field, in order (the names the parameters cell may set)."""
+        return [f.name for f in fields(cls)]
+
+    def plain(self) -> dict[str, Any]:
+        """The resolved parameters as plain data (for metrics.json)."""
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
 
 def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
@@ -81,6 +124,7 @@ def _tf1_cnn(batch: int) -> tuple[tf.Graph, Any, Any, list[Any], list[Any]]:
     """The Deep MNIST CNN in TF1 graph ops: (graph, x, y placeholders, variables, gradient tensors)."""
     graph = tf.Graph()
     with graph.as_default():
+        tf.compat.v1.set_random_seed(0)  # a graph-level seed: the initializers' ops need one under op determinism
         x = tf.compat.v1.placeholder(tf.float32, (batch, 28, 28, 1))
         y = tf.compat.v1.placeholder(tf.int32, (batch,))
         shapes = {"conv1/kernel": (5, 5, 1, 32), "conv1/bias": (32,), "conv2/kernel": (5, 5, 32, 64),
@@ -194,112 +238,328 @@ def quadratic_with_tensorboard(log_dir: str | Path | None, steps: int = 30, b: f
     return pd.DataFrame(rows)
 
 
+# -- staleness: every gradient applied tau updates late, many seeds at once ---------------------------------
+
+
 def _mlp_init(seed: int, hidden: int = 64) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [rng.normal(0, 0.05, (784, hidden)).astype(np.float32), np.zeros(hidden, np.float32),
             rng.normal(0, 0.05, (hidden, 10)).astype(np.float32), np.zeros(10, np.float32)]
 
 
-def _mlp_logits(params: Sequence[Any], x: Any) -> tf.Tensor:
-    return tf.nn.relu(x @ params[0] + params[1]) @ params[2] + params[3]
+ADAM = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}  # Keras 3 defaults
+ADAGRAD = {"initial_accumulator_value": 0.1, "epsilon": 1e-7}
 
 
-@tf.function
-def _mlp_grads(params: list[tf.Tensor], x: tf.Tensor, y: tf.Tensor) -> list[tf.Tensor]:
-    with tf.GradientTape() as tape:
-        tape.watch(params)
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=_mlp_logits(params, x)))
-    return tape.gradient(loss, params)
+class StaleTrainer:
+    """An MLP 784-hidden-10 trained with every gradient computed ``tau`` updates late, one copy per seed at once.
+
+    The seeds are a leading axis of every variable; the loss is the sum over seeds of each copy's own mean loss,
+    so each copy's gradient is its own. The optimizers are element-wise, written out here so that the learning
+    rate and ``tau`` are tensors (one trace per optimizer); ``tests/test_gradient_study.py`` checks them against
+    ``keras.optimizers.SGD``/``Adam``/``Adagrad``. ``StaleTrainer(data, "adam", seeds=[0, 1]).run(0.003, tau=4)``
+    """
+
+    def __init__(self, data: MnistSplits, optimizer: str, seeds: Sequence[int], steps: int = 200,
+                 batch: int = 64, eval_every: int = 10, tau_max: int = 16, hidden: int = 64):
+        check_choice("optimizer", optimizer, STALENESS_OPTIMIZERS)
+        self.optimizer, self.seeds, self.steps, self.eval_every = optimizer, list(seeds), steps, eval_every
+        self.tau_max = tau_max
+        inits = [_mlp_init(seed, hidden) for seed in self.seeds]
+        self.init = [np.stack(parts) for parts in zip(*inits)]
+        self.params = [tf.Variable(v) for v in self.init]
+        self.history = [tf.Variable(np.zeros((tau_max + 1, *v.shape), np.float32)) for v in self.init]
+        self.slots = [[tf.Variable(np.zeros_like(v)) for v in self.init] for _ in range(2)]
+        x = data.x_train.reshape(-1, 784)
+        # the same minibatches for every optimizer, learning rate and tau: seed s draws from its own generator
+        idx = np.stack([np.random.default_rng(seed).integers(0, len(x), (steps, batch)) for seed in self.seeds], 1)
+        self.x_train, self.y_train = tf.constant(x), tf.constant(data.y_train)
+        self.idx = tf.constant(idx)
+        self.x_test, self.y_test = tf.constant(data.x_test.reshape(-1, 784)), tf.constant(data.y_test)
+        self._run = tf.function(self._train)
+
+    @staticmethod
+    def logits(params: Sequence[Any], x: tf.Tensor) -> tf.Tensor:
+        """Logits of every seed's copy: x is (seeds, batch, 784) or (n, 784), shared."""
+        w1, b1, w2, b2 = params
+        eq = "sbi,sih->sbh" if x.shape.rank == 3 else "bi,sih->sbh"
+        h = tf.nn.relu(tf.einsum(eq, x, w1) + b1[:, None, :])
+        return tf.einsum("sbh,shk->sbk", h, w2) + b2[:, None, :]
+
+    def _update(self, step: tf.Tensor, grads: list[tf.Tensor], lr: tf.Tensor) -> None:
+        if self.optimizer == "sgd":
+            for v, g in zip(self.params, grads):
+                v.assign_sub(lr * g)
+        elif self.optimizer == "adam":
+            t = tf.cast(step + 1, tf.float32)
+            alpha = lr * tf.sqrt(1 - ADAM["beta_2"] ** t) / (1 - ADAM["beta_1"] ** t)
+            for v, g, m, s in zip(self.params, grads, *self.slots):
+                m.assign_add((g - m) * (1 - ADAM["beta_1"]))
+                s.assign_add((tf.square(g) - s) * (1 - ADAM["beta_2"]))
+                v.assign_sub(m * alpha / (tf.sqrt(s) + ADAM["epsilon"]))
+        else:  # adagrad
+            for v, g, acc in zip(self.params, grads, self.slots[0]):
+                acc.assign_add(tf.square(g))
+                v.assign_sub(lr * g / tf.sqrt(acc + ADAGRAD["epsilon"]))
+
+    def _train(self, lr: tf.Tensor, tau: tf.Tensor) -> tf.Tensor:
+        evals = tf.TensorArray(tf.float32, size=self.steps // self.eval_every)
+        for step in tf.range(self.steps):
+            slot = step % (tau + 1)
+            for h, v in zip(self.history, self.params):  # a ring of the last tau+1 parameter values
+                h.scatter_update(tf.IndexedSlices(v[None], slot[None]))
+            stale_slot = tf.where(step >= tau, (step - tau) % (tau + 1), 0)  # the parameters tau updates ago
+            stale = [h.sparse_read(stale_slot) for h in self.history]
+            idx = self.idx[step]
+            x, y = tf.gather(self.x_train, idx), tf.gather(self.y_train, idx)
+            with tf.GradientTape() as tape:
+                tape.watch(stale)
+                per_seed = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, self.logits(stale, x)), 1)
+                loss = tf.reduce_sum(per_seed)
+            self._update(step, tape.gradient(loss, stale), lr)
+            if (step + 1) % self.eval_every == 0:
+                predicted = tf.argmax(self.logits(self.params, self.x_test), -1, output_type=tf.int32)
+                accuracy = tf.reduce_mean(tf.cast(predicted == self.y_test[None, :], tf.float32), 1)
+                evals = evals.write((step + 1) // self.eval_every - 1, accuracy)
+        return evals.stack()
+
+    def run(self, learning_rate: float, tau: int) -> np.ndarray:
+        """Test accuracy after every ``eval_every`` updates, shape (evaluations, seeds). ``trainer.run(0.2, 4)``"""
+        if not 0 <= tau <= self.tau_max:
+            raise ValueError(f"tau: expected 0..{self.tau_max}; got {tau}")
+        for v, init in zip(self.params, self.init):
+            v.assign(init)
+        for h in self.history:
+            h.assign(tf.zeros_like(h))
+        for slot in self.slots:
+            for v in slot:
+                v.assign(tf.fill(v.shape, ADAGRAD["initial_accumulator_value"] if self.optimizer == "adagrad"
+                                 and slot is self.slots[0] else 0.0))
+        return self._run(tf.constant(learning_rate, tf.float32), tf.constant(tau)).numpy()
 
 
-def stale_run(data: MnistSplits, optimizer: str, learning_rate: float, tau: int, steps: int, seed: int,
-              batch: int = 64) -> float:
-    """Train an MLP where every gradient is computed tau updates late; returns test accuracy. ``stale_run(d, "sgd", .1, 4, 200, 0)``"""
-    x = data.x_train.reshape(-1, 784)
-    variables = [tf.Variable(v) for v in _mlp_init(seed)]
-    opt = STALENESS_OPTIMIZERS[optimizer](learning_rate)
-    opt.build(variables)
-    history: deque[list[np.ndarray]] = deque(maxlen=tau + 1)
-    rng = np.random.default_rng(seed)
-    for _ in range(steps):
-        history.append([v.numpy() for v in variables])
-        stale = history[0]  # the parameters tau updates ago (or the oldest there is)
-        idx = rng.integers(0, len(x), batch)
-        grads = _mlp_grads([tf.constant(p) for p in stale], tf.constant(x[idx]), tf.constant(data.y_train[idx]))
-        opt.apply_gradients(zip(grads, variables))
-    logits = _mlp_logits(variables, tf.constant(data.x_test.reshape(-1, 784)))
-    return float(np.mean(np.argmax(logits.numpy(), axis=1) == data.y_test))
+def staleness_study(config: GradientStudyConfig, data: MnistSplits) -> pd.DataFrame:
+    """Accuracy curves for every optimizer x learning rate x tau x seed. ``staleness_study(cfg, data)``
 
-
-def staleness_study(config: GradientStudyConfig, data: MnistSplits, progress: bool = True) -> pd.DataFrame:
-    """Test accuracy for every tau x learning rate x optimizer x seed. ``staleness_study(cfg, data)``"""
+    Columns: optimizer, learning_rate, tau, seed, updates, accuracy (test accuracy after ``updates`` updates).
+    """
     rows = []
     for name in config.staleness_optimizers:
+        trainer = StaleTrainer(data, name, config.seeds, steps=config.staleness_steps,
+                               eval_every=config.staleness_eval_every, tau_max=max(config.taus))
         for lr in config.staleness_learning_rates[name]:
             for tau in config.taus:
-                for seed in config.seeds:
-                    rows.append({"optimizer": name, "learning_rate": lr, "tau": tau, "seed": seed,
-                                 "accuracy": stale_run(data, name, lr, tau, config.staleness_steps, seed)})
-            if progress:
-                done = pd.DataFrame(rows).query("optimizer == @name and learning_rate == @lr")
-                accs = done.groupby("tau")["accuracy"].mean()
-                print(f"staleness: {name:<7} lr={lr:<6g} accuracy by tau " +
-                      ", ".join(f"{t}:{a:.3f}" for t, a in accs.items()), flush=True)
+                curves = trainer.run(lr, tau)
+                for e, accuracies in enumerate(curves):
+                    for seed, acc in zip(config.seeds, accuracies):
+                        rows.append({"optimizer": name, "learning_rate": lr, "tau": tau, "seed": seed,
+                                     "updates": (e + 1) * config.staleness_eval_every, "accuracy": float(acc)})
     return pd.DataFrame(rows)
 
 
-def staleness_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """'mean ± std' accuracy, rows optimizer x learning rate, columns tau. ``staleness_table(staleness_study(...))``"""
+def final_accuracy(curves: pd.DataFrame) -> pd.DataFrame:
+    """One row per run: the test accuracy after the last update. ``final_accuracy(staleness_study(...))``"""
+    last = curves["updates"].max()
+    return curves[curves["updates"] == last].drop(columns="updates").reset_index(drop=True)
+
+
+def staleness_table(curves: pd.DataFrame) -> pd.DataFrame:
+    """Final test accuracy as 'mean ± std' over seeds; rows optimizer x learning rate, columns tau."""
     from study.reporting import format_mean_std
 
-    grouped = rows.groupby(["optimizer", "learning_rate", "tau"])["accuracy"].agg(["mean", "std"]).reset_index()
+    final = final_accuracy(curves)
+    grouped = final.groupby(["optimizer", "learning_rate", "tau"])["accuracy"].agg(["mean", "std"]).reset_index()
     grouped["accuracy"] = [format_mean_std(m, s) for m, s in zip(grouped["mean"], grouped["std"])]
-    return grouped.pivot(index=["optimizer", "learning_rate"], columns="tau", values="accuracy")
+    table = grouped.pivot(index=["optimizer", "learning_rate"], columns="tau", values="accuracy")
+    table.columns = [f"tau={t}" for t in table.columns]
+    return table
 
 
-def sensitivity(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per optimizer: accuracy at the largest tau minus at tau=0, at each one's best learning rate. ``sensitivity(rows)``"""
-    means = rows.groupby(["optimizer", "learning_rate", "tau"])["accuracy"].mean().reset_index()
-    out = []
-    for name, group in means.groupby("optimizer", sort=False):
-        best_lr = group[group["tau"] == group["tau"].min()].sort_values("accuracy").iloc[-1]["learning_rate"]
-        at = group[group["learning_rate"] == best_lr].set_index("tau")["accuracy"]
-        out.append({"optimizer": name, "learning_rate": best_lr, "accuracy_tau0": at.iloc[0],
-                    f"accuracy_tau{int(at.index.max())}": at.iloc[-1], "drop": at.iloc[0] - at.iloc[-1]})
-    return pd.DataFrame(out)
+def best_learning_rates(curves: pd.DataFrame) -> dict[str, float]:
+    """Each optimizer's learning rate with the best mean final accuracy at tau = 0 (tuned without delay)."""
+    final = final_accuracy(curves)
+    fresh = final[final["tau"] == 0].groupby(["optimizer", "learning_rate"])["accuracy"].mean().reset_index()
+    return {name: float(g.sort_values("accuracy").iloc[-1]["learning_rate"]) for name, g in fresh.groupby("optimizer")}
 
 
-def conclusion(costs: pd.DataFrame, check: pd.DataFrame, ps_table: pd.DataFrame, sensitivity: pd.DataFrame,
-               fault: dict[str, Any]) -> str:
-    """A Markdown conclusion computed from the measurements. ``conclusion(costs, check, ps, sens, fault)``"""
-    per_mode = costs.groupby("mode")["ratio_to_one_pass"].max()
-    lines = ["* **Fetching gradients one by one costs** " + ", ".join(
-        f"{ratio:.1f}× one pass ({mode})" for mode, ratio in per_mode.items()) + ".",
-        f"* **Compute → transform → apply is exact:** the largest error of `x_after - (x_before - lr*T(g))` on the CNN "
-        f"is {check['max_abs_error'].max():.1e}."]
-    if len(ps_table) > 1:
-        base = ps_table.iloc[0]
-        lines.append("* **Parameter server:** " + "; ".join(
-            f"{int(r.workers)} worker(s) {r.updates_per_s:.0f} updates/s ({r.updates_per_s / base.updates_per_s:.2f}× one), "
-            f"mean staleness {r.staleness_mean:.2f}" for r in ps_table.itertuples()) + ".")
-    if len(sensitivity):
-        lines.append("* **Staleness:** at each optimizer's best learning rate without delay, accuracy drops by " + ", ".join(
-            f"{r.drop:.3f} for {r.optimizer}" for r in sensitivity.itertuples()) + " at the largest delay.")
-    lines.append(f"* **A killed worker:** {fault['returned_steps']} of {fault['scheduled_steps']} scheduled steps "
-                 f"returned, {fault['applied_updates']} updates applied; training finished.")
-    return "\n".join(lines)
+def updates_to_target(curves: pd.DataFrame, target: float) -> pd.DataFrame:
+    """Per run: the first evaluated update count with accuracy >= target (inf if never). Dai et al.'s measure."""
+    def first(group: pd.DataFrame) -> float:
+        hit = group.loc[group["accuracy"] >= target, "updates"]
+        return float(hit.min()) if len(hit) else float("inf")
+
+    keys = ["optimizer", "learning_rate", "tau", "seed"]
+    return curves.groupby(keys).apply(first, include_groups=False).rename("updates_to_target").reset_index()
+
+
+def dai_check(curves: pd.DataFrame, target: float) -> pd.DataFrame:
+    """Dai et al. (2019): adaptive optimizers slow down more under staleness than SGD. Per tau, at each optimizer's
+    best tau=0 learning rate: the slowdown (updates to reach ``target`` accuracy, / the same seed's at tau=0)
+    and the drop in final accuracy, as mean and std over seeds, and the paired adam-minus-sgd differences.
+
+    A run that never reaches the target has an infinite slowdown; ``reached`` counts the runs that did.
+    """
+    best = best_learning_rates(curves)
+    steps = updates_to_target(curves, target)
+    final = final_accuracy(curves)
+    rows = []
+    for name, lr in best.items():
+        mine = steps[(steps["optimizer"] == name) & (steps["learning_rate"] == lr)].set_index(["tau", "seed"])
+        acc = final[(final["optimizer"] == name) & (final["learning_rate"] == lr)].set_index(["tau", "seed"])
+        for tau in sorted(mine.index.get_level_values("tau").unique()):
+            slow = (mine.loc[tau, "updates_to_target"] / mine.loc[0, "updates_to_target"]).to_numpy()
+            drop = (acc.loc[0, "accuracy"] - acc.loc[tau, "accuracy"]).to_numpy()
+            finite = slow[np.isfinite(slow)]
+            rows.append({"optimizer": name, "learning_rate": lr, "tau": tau, "seeds": len(slow),
+                         "reached": int(np.isfinite(slow).sum()),
+                         "slowdown_mean": float(np.mean(slow)) if len(finite) == len(slow) else float("inf"),
+                         "slowdown_std": float(np.std(finite, ddof=1)) if len(finite) > 1 else float("nan"),
+                         "drop_mean": float(np.mean(drop)), "drop_std": float(np.std(drop, ddof=1)) if len(drop) > 1
+                         else float("nan")})
+    return pd.DataFrame(rows)
+
+
+def best_per_tau(curves: pd.DataFrame) -> pd.DataFrame:
+    """Final accuracy with the learning rate re-tuned for each tau: rows tau, columns optimizer, the best mean over
+    rates, with ``<optimizer>_std`` (over seeds) and ``<optimizer>_lr`` beside it."""
+    final = final_accuracy(curves)
+    stats = final.groupby(["optimizer", "tau", "learning_rate"])["accuracy"].agg(["mean", "std"]).reset_index()
+    best = stats.loc[stats.groupby(["optimizer", "tau"])["mean"].idxmax()]
+    out = best.pivot(index="tau", columns="optimizer", values="mean")
+    for name in out.columns.tolist():
+        mine = best[best["optimizer"] == name].set_index("tau")
+        out[f"{name}_std"] = mine["std"]
+        out[f"{name}_lr"] = mine["learning_rate"]
+    return out
+
+
+def paired_difference(curves: pd.DataFrame, a: str = "adam", b: str = "sgd") -> pd.DataFrame:
+    """Per tau: drop in final accuracy of ``a`` minus that of ``b`` (each at its best tau=0 rate), paired by seed.
+
+    ``mean``, ``std`` and ``se`` (std / sqrt(seeds)) of the difference: a positive mean more than 2 se above
+    zero says ``a`` loses more to staleness than ``b`` here.
+    """
+    best = best_learning_rates(curves)
+    final = final_accuracy(curves)
+
+    def drops(name: str) -> pd.DataFrame:
+        acc = final[(final["optimizer"] == name) & (final["learning_rate"] == best[name])].set_index(["tau", "seed"])
+        fresh = acc.loc[0, "accuracy"]
+        return acc["accuracy"].groupby("tau").apply(lambda s: fresh.to_numpy() - s.to_numpy())
+
+    da, db = drops(a), drops(b)
+    rows = []
+    for tau in da.index:
+        diff = np.asarray(da[tau]) - np.asarray(db[tau])
+        std = float(np.std(diff, ddof=1)) if len(diff) > 1 else float("nan")
+        rows.append({"tau": tau, "mean": float(np.mean(diff)), "std": std, "se": std / np.sqrt(len(diff)),
+                     "seeds": len(diff)})
+    return pd.DataFrame(rows)
+
+
+# -- the parameter-server runs as tables ----------------------------------------------------------------------
+
+
+def window_rates(result: Mapping[str, Any], windows: int = 4) -> list[float]:
+    """Worker steps per second in ``windows`` equal slices of a run's timed (steady) window, from the workers' clocks.
+
+    The spread of these is the run's own variation over time; ``run_downpour`` results only.
+    """
+    times = result["function_times"][result.get("steady_from_function") or 0:]
+    if len(times) < 2:
+        return [result.get("steps_per_s", float("nan"))]
+    start, end = min(t[1] for t in times), max(t[2] for t in times)
+    edges = np.linspace(start, end, windows + 1)
+    steps = result["config"]["steps_per_function"]
+    ended = np.array([t[2] for t in times])
+    counts = np.histogram(ended, bins=edges)[0]
+    return (counts * steps / np.diff(edges)).tolist()
+
+
+def ps_row(label: str, result: Mapping[str, Any]) -> dict[str, Any]:
+    """One run of ``run_downpour`` as a table row: throughput (mean and std over windows), staleness, accuracy, CPU."""
+    rates = window_rates(result)
+    cfg = result["config"]
+    cpu = result.get("steady_task_cpu_s") or {}
+    window = result.get("steady_seconds") or float("nan")
+    workers = [v for k, v in cpu.items() if k.startswith("worker") and v is not None][:cfg["workers"]]
+    ps_cpu = [v for k, v in cpu.items() if k.startswith("ps") and v is not None]
+    staleness = np.asarray(result["staleness"]) if result["staleness"] else np.zeros(1)
+    return {"run": label, "model": cfg["model"].rpartition(":")[2], "workers": cfg["workers"], "ps": cfg["ps"],
+            "n_fetch": cfg["n_fetch"], "n_push": cfg["n_push"], "steps": result["returned_steps"],
+            "applied_updates": result["applied_updates"], "steps_per_s": result.get("steps_per_s"),
+            "steps_per_s_std": float(np.std(rates, ddof=1)) if len(rates) > 1 else float("nan"),
+            "updates_per_s": result.get("updates_per_s"),
+            "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
+            "final_accuracy": result["final_accuracy"],
+            "worker_cpu_share_min": min(workers) / window if workers else float("nan"),
+            "worker_cpu_s_per_step": sum(workers) / result["steady_steps"] if workers and result.get("steady_steps")
+            else float("nan"),
+            "ps_cpu_s_per_step": sum(ps_cpu) / result["steady_steps"] if ps_cpu and result.get("steady_steps")
+            else float("nan"),
+            "samples_shared_between_workers": result["samples_shared_between_workers"]}
+
+
+def ps_table(runs: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
+    """``ps_row`` for every run. ``ps_table({"1 worker": r1, "2 workers": r2})``"""
+    return pd.DataFrame([ps_row(label, r) for label, r in runs.items()])
+
+
+def placement_table(result: Mapping[str, Any]) -> pd.DataFrame:
+    """Where each variable of a run lives: one row per shard, with its task, shape and bytes."""
+    rows = []
+    for row in result["placement"]:
+        for i, shard in enumerate(row["shards"]):
+            rows.append({"variable": row["variable"], "shard": f"{i + 1} of {len(row['shards'])}",
+                         "task": shard["task"], "shape": "x".join(map(str, shard["shape"])) or "scalar",
+                         "bytes": shard["bytes"]})
+    return pd.DataFrame(rows)
+
+
+def fault_job(config: GradientStudyConfig) -> Any:
+    """The fault run: 2 workers, the ps tasks, checkpoints; each fault in ``config.faults`` at a fixed share of it."""
+    from study.parameter_server import DownpourConfig
+
+    updates = config.fault_steps // 2
+    at = {"worker": 0.15, "chief": 0.35, "ps": 0.6}
+    kills = {f"kill_{name}_at": max(1, int(at[name] * updates)) for name in config.faults}
+    return DownpourConfig(model=config.fault_model, workers=2, ps=config.ps_tasks, steps=config.fault_steps,
+                          n_fetch=2, n_push=2, steps_per_function=4, learning_rate=0.1, optimizer="adagrad",
+                          checkpoint_every=max(2, updates // 6), shard_min_bytes=64 * 1024, seed=config.seeds[0],
+                          **kills)
+
+
+def fault_accounting(result: Mapping[str, Any]) -> pd.DataFrame:
+    """Every update of a fault run, accounted for: per fault, what was in the checkpoint, lost, applied after."""
+    rows = []
+    resumed = [a for a in result["attempts"] if a["resumed"]]
+    restored = iter(resumed)
+    for fault in result["faults"]:
+        row = {"fault": f"{fault['killed']} killed", "updates when killed (seen)": fault.get("version_seen"),
+               "in the last checkpoint": fault.get("checkpoint_version")}
+        if fault["killed"].startswith("worker"):
+            row["lost"], row["lost is exact"] = 0, True
+            row["how it came back"] = "the coordinator re-ran its function; the worker was started again"
+        else:
+            attempt = next(restored)
+            at_failure = fault.get("version_at_failure")
+            exact = at_failure is not None  # read on a ps task that survived; else what the launcher last saw
+            row["lost"] = (at_failure if exact else fault.get("version_seen") or 0) - attempt["restored_version"]
+            row["lost is exact"] = exact
+            row["how it came back"] = (f"{'ps restarted, ' if fault['killed'].startswith('ps') else ''}"
+                                       f"chief restarted with --resume from update {attempt['restored_version']}")
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def headline(metrics: dict[str, Any]) -> dict[str, str]:
     """The numbers ``results/SUMMARY.md`` shows for this study. ``headline(metrics)``"""
     out = {f"{k}: ratio to one pass": f"{v['ratio']:.2f}" for k, v in metrics["fetch_costs"].items()}
     out["max error of x_after - (x_before - lr*T(g)) on the CNN"] = f"{metrics['exact_update_max_error']:.1e}"
-    ps = metrics["ps"]
-    first = next(iter(ps.values()))["updates_per_s"]
-    for w, r in ps.items():
-        out[f"PS, {w} worker(s): updates/s (÷ 1 worker) / mean staleness"] = \
-            f"{r['updates_per_s']:.0f} ({r['updates_per_s'] / first:.2f}) / {np.mean(r['staleness']):.2f}"
-    f = metrics["fault"]
-    out["worker killed midway: scheduled / returned / applied"] = \
-        f"{f['scheduled_steps']} / {f['returned_steps']} / {f['applied_updates']}"
+    for w, r in metrics["ps"].items():
+        out[f"Downpour CNN, {w} worker(s): steps/s / final accuracy / mean staleness"] = \
+            f"{r['steps_per_s']:.2f} / {r['final_accuracy']:.3f} / {r['staleness_mean']:.2f}"
+    f = metrics["fault_accounting"]
+    out["faults: updates restored from checkpoints / lost with the ps / applied after the last restart"] = \
+        f"{f['restored_version']} / {f['lost_with_ps']} / {f['applied_after_restart']}"
     return out

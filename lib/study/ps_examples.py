@@ -1,0 +1,48 @@
+"""Examples of the ``"module:function"`` hooks a Downpour job takes: model builders and gradient transforms.
+
+A job names them as text, so that every process can import them::
+
+    DownpourConfig(model="study.ps_examples:mnist_mlp", model_kwargs={"hidden": 64},
+                   transform="study.ps_examples:decay", transform_kwargs={"factor": 0.5})
+
+A model builder returns a Keras model from 28x28x1 images to 10 logits. A transform takes one gradient
+tensor (the sum of ``n_push`` steps' gradients of one variable) and returns ``T(g)``; it runs on the worker,
+inside the scheduled ``tf.function``, just before the push.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+
+def mnist_mlp(hidden: int = 128, batch_norm: bool = True) -> keras.Model:
+    """A functional MLP 784 -> hidden -> 10 with BatchNorm (non-trainable statistics). ``mnist_mlp(64)``"""
+    inputs = keras.Input((28, 28, 1))
+    h = keras.layers.Flatten(name="flatten")(inputs)
+    h = keras.layers.Dense(hidden, name="fc1")(h)
+    if batch_norm:
+        h = keras.layers.BatchNormalization(name="bn1")(h)
+    h = keras.layers.Activation("relu", name="relu1")(h)
+    return keras.Model(inputs, keras.layers.Dense(10, name="fc2")(h), name="mnist_mlp")
+
+
+def small_cnn(filters: int = 8) -> keras.Model:
+    """A small CNN (conv 3x3, pool, dense) for quick runs. ``small_cnn(8)``"""
+    return keras.Sequential([
+        keras.Input((28, 28, 1)),
+        keras.layers.Conv2D(filters, 3, activation="relu", name="conv1"),
+        keras.layers.MaxPooling2D(2, name="pool1"),
+        keras.layers.Flatten(name="flatten"),
+        keras.layers.Dense(10, name="fc"),
+    ], name="small_cnn")
+
+
+def decay(g: tf.Tensor, factor: float = 0.5) -> tf.Tensor:
+    """The seed's transform ``T(g) = factor * g``. ``decay(tf.ones(2), 0.5)``"""
+    return factor * g
+
+
+def clip_by_norm(g: tf.Tensor, max_norm: float = 1.0) -> tf.Tensor:
+    """Clip each pushed gradient to L2 norm ``max_norm``. ``clip_by_norm(tf.ones(4), 1.0)``"""
+    return tf.clip_by_norm(g, max_norm)

@@ -1,0 +1,173 @@
+"""Figures of study 04 (gradients across a boundary, Downpour SGD, staleness); one function per figure.
+
+Each returns a matplotlib Figure with labelled axes (units in brackets), a legend where lines must be told
+apart, and shared axes where panels are compared. Captions are given to ``reporting.save_figure`` by the notebook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+OPTIMIZER_COLOURS = {"sgd": "tab:blue", "adam": "tab:red", "adagrad": "tab:green"}
+
+
+def fetch_cost_bars(table: pd.DataFrame) -> plt.Figure:
+    """Median ms to get every gradient of the CNN, per mode and method; the ratio to one pass on each bar."""
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    labels = [f"{mode}: {method}" for mode, method in zip(table["mode"], table["method"])]
+    colours = [f"C{i}" for i in pd.factorize(table["mode"])[0]]
+    bars = ax.barh(range(len(table)), table["ms"], color=colours)
+    for bar, ratio in zip(bars, table["ratio_to_one_pass"]):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {ratio:.1f}× one pass", va="center",
+                fontsize=8)
+    ax.set_yticks(range(len(table)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, table["ms"].max() * 1.3)
+    ax.set_xlabel("time to get all 8 gradients of the Deep MNIST CNN [ms, median]")
+    fig.tight_layout()
+    return fig
+
+
+def quadratic_trace(trace: pd.DataFrame) -> plt.Figure:
+    """x and dy/dx of the seed's quadratic after each compute -> T(g) -> apply step (what TensorBoard shows)."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    ax.plot(trace["step"], trace["x"], marker=".", label="x (the variable)")
+    ax.plot(trace["step"], trace["dy_dx"], marker=".", label="dy/dx (its gradient)")
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set(xlabel="step", ylabel="value [unitless]")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def accuracy_curves(runs: Mapping[str, Mapping[str, Any]]) -> plt.Figure:
+    """Test accuracy against wall time and against applied updates, one line per run (``{label: result}``)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    for i, (label, result) in enumerate(runs.items()):
+        curve = pd.DataFrame(result["curve"])
+        left.plot(curve["seconds"], curve["accuracy"], marker=".", color=f"C{i}", label=label)
+        right.plot(curve["applied_updates"], curve["accuracy"], marker=".", color=f"C{i}", label=label)
+    left.set(xlabel="wall time since the first scheduled function [s]", ylabel="test accuracy [fraction]")
+    right.set(xlabel="updates applied on the ps [count]")
+    left.set_ylim(0, 1)
+    left.legend(loc="lower right")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def n_push_sweep(table: pd.DataFrame) -> plt.Figure:
+    """Against n_push (= n_fetch), 2 workers: CPU time per step (workers, ps), steps/s, staleness, accuracy."""
+    table = table.sort_values("n_push")
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.4), sharex=True)
+    axes[0].plot(table["n_push"], 1e3 * table["worker_cpu_s_per_step"], marker="o", label="workers")
+    axes[0].plot(table["n_push"], 1e3 * table["ps_cpu_s_per_step"], marker="s", label="ps tasks")
+    axes[0].set(ylabel="CPU time per worker step [ms]", ylim=(0, None))
+    axes[0].legend()
+    axes[1].errorbar(table["n_push"], table["steps_per_s"], yerr=table["steps_per_s_std"], marker="o", capsize=3)
+    axes[1].set(ylabel="worker steps per second [1/s]", ylim=(0, None))
+    axes[2].plot(table["n_push"], table["staleness_mean"], marker="o")
+    axes[2].set(ylabel="mean staleness of a push [updates]", ylim=(0, None))
+    axes[3].plot(table["n_push"], table["final_accuracy"], marker="o")
+    axes[3].set(ylabel="test accuracy after the run [fraction]", ylim=(0, 1))
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(table["n_push"], [str(n) for n in table["n_push"]])
+        ax.minorticks_off()
+        ax.set_xlabel("n_push = n_fetch [steps]")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def staleness_histograms(runs: Mapping[str, Mapping[str, Any]]) -> plt.Figure:
+    """Measured staleness of every push, one panel per run (``{label: result}``), as a fraction of its pushes."""
+    fig, axes = plt.subplots(1, len(runs), figsize=(3.3 * len(runs), 3.2), squeeze=False, sharey=True)
+    top = max(max(r["staleness"]) for r in runs.values())
+    for ax, (label, result) in zip(axes[0], runs.items()):
+        values = np.asarray(result["staleness"])
+        counts = np.bincount(values, minlength=top + 1) / len(values)
+        ax.bar(range(top + 1), counts, width=0.8)
+        ax.set_title(f"{label}\nmean {values.mean():.2f}, {len(values)} pushes", fontsize=9)
+        ax.set_xlabel("staleness [updates]")
+        ax.set_xticks(range(0, top + 1, max(1, (top + 1) // 6)))
+    axes[0, 0].set_ylabel("share of pushes [fraction]")
+    fig.tight_layout()
+    return fig
+
+
+def staleness_curves(curves: pd.DataFrame, best: Mapping[str, float], target: float) -> plt.Figure:
+    """Accuracy against updates for each tau at each optimizer's best tau=0 rate; mean over seeds, band = ±1 std."""
+    optimizers = list(best)
+    taus = sorted(curves["tau"].unique())
+    colours = plt.get_cmap("viridis")(np.linspace(0, 0.9, len(taus)))
+    fig, axes = plt.subplots(1, len(optimizers), figsize=(5.2 * len(optimizers), 3.8), sharey=True, squeeze=False)
+    for ax, name in zip(axes[0], optimizers):
+        mine = curves[(curves["optimizer"] == name) & (curves["learning_rate"] == best[name])]
+        for colour, tau in zip(colours, taus):
+            stats = mine[mine["tau"] == tau].groupby("updates")["accuracy"].agg(["mean", "std"])
+            ax.plot(stats.index, stats["mean"], color=colour, label=f"τ = {tau}")
+            ax.fill_between(stats.index, stats["mean"] - stats["std"].fillna(0),
+                            stats["mean"] + stats["std"].fillna(0), color=colour, alpha=0.15, lw=0)
+        ax.axhline(target, color="k", ls=":", lw=0.8, label=f"target {target:g}")
+        ax.set(title=f"{name}, learning rate {best[name]:g}", xlabel="updates [count]")
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylabel("test accuracy [fraction]")
+    axes[0, 0].set_ylim(0, 1)
+    axes[0, -1].legend(fontsize=8, loc="lower right", ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def dai_slowdown(check: pd.DataFrame) -> plt.Figure:
+    """Final-accuracy drop against tau per optimizer (mean ± std over seeds), at each one's best tau=0 rate."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    for name, group in check.groupby("optimizer", sort=False):
+        ax.errorbar(group["tau"], group["drop_mean"], yerr=group["drop_std"], marker="o", capsize=3,
+                    color=OPTIMIZER_COLOURS.get(name), label=f"{name} (lr {group['learning_rate'].iloc[0]:g})")
+    taus = sorted(check["tau"].unique())
+    ax.set_xscale("symlog", linthresh=1)
+    ax.set_xticks(taus, [str(t) for t in taus])
+    ax.minorticks_off()
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set(xlabel="τ: updates between reading the parameters and applying the gradient [count]",
+           ylabel="accuracy lost vs τ = 0 [fraction]")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def fault_timeline(result: Mapping[str, Any]) -> plt.Figure:
+    """The update counter over the fault run: checkpoints, each fault, and where the job resumed."""
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    checkpoints = pd.DataFrame(result["checkpoints"])
+    if len(checkpoints):
+        ax.plot(checkpoints["seconds"], checkpoints["version"], "o-", color="0.3", ms=4,
+                label="checkpoint (updates in it)")
+    for i, fault in enumerate(result["faults"]):
+        ax.axhline(fault.get("version_seen") or 0, color=f"C{i + 1}", ls="--", lw=1,
+                   label=f"{fault['killed']} killed at ≈{fault.get('version_seen')} updates")
+    ax.set(xlabel="training time of the job, chief restarts excluded [s]", ylabel="updates on the ps [count]")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def throughput_bars(table: pd.DataFrame, labels: Sequence[str]) -> plt.Figure:
+    """Steps per second (mean ± std over timed windows) per run, with each worker's share of a core."""
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.bar(range(len(table)), table["steps_per_s"], yerr=table["steps_per_s_std"], capsize=4,
+           color=[f"C{i}" for i in range(len(table))])
+    ax.set_xticks(range(len(table)), labels)
+    ax.set(ylabel="worker steps per second [1/s]")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
