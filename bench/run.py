@@ -65,13 +65,20 @@ def _summary(results: dict) -> list[str]:
     return lines
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmarks named in ``argv`` (all when none): ``python bench/run.py masked_fit parameter_server``."""
+    names = list(sys.argv[1:] if argv is None else argv) or list(BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        print(f"bench/run.py: unknown benchmark(s) {unknown}; allowed: {', '.join(BENCHMARKS)}", file=sys.stderr)
+        return 2
     out = Path(__file__).resolve().parents[1] / "build" / "bench"
     out.mkdir(parents=True, exist_ok=True)
     machine = {"machine": platform.machine(), "processor": platform.processor(), "cpus": os.cpu_count()}
     results, failed = {}, []
     start = time.perf_counter()
-    for name, run in BENCHMARKS.items():
+    for name in names:
+        run = BENCHMARKS[name]
         print(f"\n== {name} ==", flush=True)
         began = time.perf_counter()
         try:
