@@ -135,6 +135,9 @@ def test_report_images_carry_alt_text(report_page):
     assert alts[0] == "Drift of frozen entries, mean over seeds"
     assert alts[1].startswith("Figure 2, in “Section B”")
     assert all(alts) and html_report.PLACEHOLDER_ALT not in page
+    # a recorded caption is also visible under its figure; a fallback alt is not shown as a caption
+    captions = [p.get_text() for p in BeautifulSoup(page, "html.parser").find_all("p", class_="study-caption")]
+    assert captions == ["Drift of frozen entries, mean over seeds"]
 
 
 def test_a_formula_that_does_not_parse_is_shown_as_source():

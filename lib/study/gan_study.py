@@ -1,4 +1,4 @@
-"""Study 03: alternating GAN training, six ways to keep the other network fixed, under SGD and Adam.
+"""Study 03: alternating GAN training, seven ways to keep the other network fixed, under SGD and Adam.
 
 Each iteration is a D step, then a G step. Methods:
 

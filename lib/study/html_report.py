@@ -21,8 +21,9 @@ What the reader gets, and why:
   would mean copying hundreds of files (fonts, extensions loaded at run time) next to every report in
   ``results/``, and it cannot be inlined into one file. The LaTeX source is kept in the MathML as an
   ``application/x-tex`` annotation; a formula latex2mathml cannot parse is shown as its LaTeX source in ``<code>``.
-* **Alt text**: every image output carries ``alt``: the caption ``reporting.save_figure`` attached to the
-  output (``metadata["image/png"]["alt"]``), else "Figure N, section ...", never nbconvert's placeholder.
+* **Alt text and captions**: every image output carries ``alt``: the caption ``reporting.save_figure`` attached to
+  the output (``metadata["image/png"]["alt"]``), else "Figure N, section ...", never nbconvert's placeholder. A
+  recorded caption is also shown as text under its figure.
 
 ``render_report(executed_ipynb, html_path)``; ``python -m study.html_report NB.ipynb OUT.html`` re-renders one.
 """
@@ -66,11 +67,12 @@ _TEMPLATE = r"""{%- extends 'index.html.j2' -%}
 math { font-size: 1.12em; }
 math[display="block"] { display: block math; margin: 0.8em 0; overflow-x: auto; }
 code.study-tex { white-space: pre-wrap; }
+p.study-caption { font-size: 0.9em; color: #444; max-width: 60em; margin: 0.2em 0 1.2em 0; }
 </style>
 {%- endblock html_head_js_mathjax -%}
-{% block data_png scoped %}{{ super() | with_alt(output | get_metadata('alt', 'image/png')) }}{% endblock data_png %}
-{% block data_jpg scoped %}{{ super() | with_alt(output | get_metadata('alt', 'image/jpeg')) }}{% endblock data_jpg %}
-{% block data_svg scoped %}{{ super() | with_alt(output | get_metadata('alt', 'image/svg+xml')) }}
+{% block data_png scoped %}{{ super() | with_alt(output | get_metadata('alt', 'image/png')) }}{{ output | get_metadata('caption', 'image/png') | figure_caption }}{% endblock data_png %}
+{% block data_jpg scoped %}{{ super() | with_alt(output | get_metadata('alt', 'image/jpeg')) }}{{ output | get_metadata('caption', 'image/jpeg') | figure_caption }}{% endblock data_jpg %}
+{% block data_svg scoped %}{{ super() | with_alt(output | get_metadata('alt', 'image/svg+xml')) }}{{ output | get_metadata('caption', 'image/svg+xml') | figure_caption }}
 {%- endblock data_svg %}
 {% block data_latex scoped %}
 <div class="jp-RenderedLatex jp-OutputArea-output {{ extra_class }}" data-mime-type="text/latex">
@@ -132,6 +134,11 @@ def _with_alt(markup: str, alt: Any) -> str:
     return re.sub(r"<img\s+(?![^>]*\balt=)", lambda m: m.group(0) + attr, markup, count=1)
 
 
+def _figure_caption(caption: Any) -> str:
+    """A figure's caption as visible text under it (the same text is its ``alt``)."""
+    return f'<p class="study-caption">{html.escape(str(caption))}</p>' if caption else ""
+
+
 class ReportExporter(HTMLExporter):
     """``HTMLExporter`` without prompts or network fetches, with MathML formulas and ``alt`` text from outputs.
 
@@ -144,6 +151,7 @@ class ReportExporter(HTMLExporter):
         super().__init__(extra_loaders=[jinja2.DictLoader({"study_report.html.j2": _TEMPLATE})],
                          template_file="study_report.html.j2", **kw)
         self.register_filter("with_alt", _with_alt)
+        self.register_filter("figure_caption", _figure_caption)
         self.register_filter("latex_output_to_mathml", _latex_output_to_mathml)
 
     @jinja2.pass_context
@@ -237,6 +245,7 @@ def clean_outputs(nb: Any, default_title: str = "Study report") -> CleanReport:
                 if mime in output.get("data", {}):
                     figure += 1
                     alt = _alt(output, mime)
+                    caption = alt
                     if alt:
                         report.alt_from_caption += 1
                     else:
@@ -246,6 +255,8 @@ def clean_outputs(nb: Any, default_title: str = "Study report") -> CleanReport:
                     if not isinstance(md.get(mime), dict):
                         md[mime] = {}
                     md[mime]["alt"] = alt
+                    if caption:
+                        md[mime]["caption"] = caption  # shown under the figure, too
             kept.append(output)
         cell.outputs = kept
     return report

@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.colors import LogNorm
+from matplotlib.ticker import MaxNLocator
 
 
 FAMILY_COLOURS = {"naive": "tab:red", "reset_slots": "tab:blue", "reset": "tab:blue",
@@ -18,7 +19,8 @@ FAMILY_COLOURS = {"naive": "tab:red", "reset_slots": "tab:blue", "reset": "tab:b
 def seed2_trajectories(table: pd.DataFrame, entries: tuple[int, ...] = (1, 0)) -> plt.Figure:
     """W[i] after each step of the seed example, a panel per entry; colour = method, marker = API. ``seed2_trajectories(df)``"""
     masks = [str(m) for m in table.drop_duplicates("step").sort_values("step")["mask"]]
-    fig, axes = plt.subplots(1, len(entries), figsize=(5.2 * len(entries), 4.2), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(entries), figsize=(5.2 * len(entries), 4.2), sharex=True, sharey=True,
+                             squeeze=False)
     styles = {"TF1 graph": dict(ls="--", marker="x", ms=10), "TF2 Keras": dict(ls="-", marker="o", ms=5)}
     for ax, entry in zip(axes[0], entries):
         for step, mask in enumerate(masks, start=1):
@@ -33,12 +35,14 @@ def seed2_trajectories(table: pd.DataFrame, entries: tuple[int, ...] = (1, 0)) -
         ax.set_title(f"W[{entry}]" + (": the same under every method" if same else "")
                      + "\n(grey: frozen in that step, gradient 0)", fontsize=10)
         ax.set_xlabel("training step and its mask (1 = trains)")
+        ax.set_xlim(0.5, len(masks) + 0.5)  # the same steps at the same place in every panel
         ax.grid(axis="y", alpha=0.3)
     axes[0, 0].set_ylabel("value after the step (W units)")
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False, bbox_to_anchor=(0.5, -0.13))
-    fig.suptitle("Seed example under Adam (lr 0.1). Red: mask only; blue: slots zeroed; green: slots stashed and "
-                 "restored.\nTF1 graph mode (crosses, dashed) and TF2 (dots) overlap.", fontsize=10)
+    fig.suptitle("Seed example under Adam (lr 0.1). Red: mask only; blue: slots zeroed (and MaskedOptimizer's reset); "
+                 "green: slots stashed and restored (and hold).\nTF1 graph mode (crosses, dashed) and TF2 (dots) "
+                 "overlap; hold and reset lie under the green and blue lines.", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -82,7 +86,9 @@ def prediction_vs_measurement(prediction: pd.DataFrame) -> plt.Figure:
     lim = float(np.abs(prediction[["predicted", "measured"]].to_numpy()).max()) * 1.05
     left.plot([-lim, lim], [-lim, lim], color="k", lw=0.8, label="measured = predicted")
     left.set(xlabel="predicted W − W_freeze (W units)", ylabel="measured W − W_freeze (W units)",
-             title=f"Every frozen entry after every step, {prediction['seed'].nunique()} seed(s)")
+             title=f"Every frozen entry after every step, {prediction['seed'].nunique()} "
+                   f"seed{'s' if prediction['seed'].nunique() > 1 else ''}")
+    left.xaxis.set_major_locator(MaxNLocator(5))  # no run-together tick labels
     left.legend(fontsize=8)
     per_step = prediction.assign(drift=prediction["measured"].abs(),
                                  error=(prediction["measured"] - prediction["predicted"]).abs()).groupby("step")
