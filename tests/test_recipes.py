@@ -147,7 +147,7 @@ def test_method_table_reads_the_old_and_the_new_result_schemas(tmp_path):
             (tmp_path / str(i) / name).mkdir(parents=True)
             (tmp_path / str(i) / name / "metrics.json").write_text(json.dumps(metrics))
         table = recipes.method_table({}, tmp_path / str(i))
-        assert "02: 0 frozen conv entries changed, 15.0 ms/CNN step (Adam)" in table["time per step"].iloc[0]
+        assert "02: 15.0 ms/CNN step (var_list, Adam)" in table["time per step"].iloc[0]
         assert "01: frozen entries drift under 1 of 2 optimizers (adam" in " ".join(table["evidence"])
     assert "not in results/" in " ".join(recipes.method_table({}, tmp_path / "none")["evidence"])
 

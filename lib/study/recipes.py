@@ -1102,7 +1102,11 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
         step = _first(r, "step_time_ms_mean", "ms_per_step")
         if changed is None:
             return missing
-        return f"02: {changed:,.0f} frozen conv entries changed, {_ms(step)}/CNN step (Adam)"
+        return f"02 ({method}): {changed:,.0f} frozen conv entries changed, {_ms(step)}/CNN step (Adam)"
+
+    def ft_time(method: str) -> str:
+        step = _first(ft.get(f"adam/{method}"), "step_time_ms_mean", "ms_per_step")
+        return missing if step is None else f"02: {_ms(step)}/CNN step ({method}, Adam)"
 
     hold02 = _first(_get(s02, "masks", "adam/hold/p=0.5"), "frozen_changed_total_mean", "changed_total")
     gan03 = _first(_get(s03, "runs", "zeroed_gradients/adam"), "g_changed_entries_in_d_step", "g_changed_in_d_step")
@@ -1117,7 +1121,7 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
     rows = [
         ("freeze whole layers for the whole run (fine-tuning)", "layer.trainable = False, then compile (or a var_list)",
          "exact: frozen layers get no gradient and no optimizer state",
-         f"cheapest: no gradient for frozen layers; {ft_cell('var_list')}", "none",
+         f"cheapest: no gradient for frozen layers; {ft_time('var_list')}", "none",
          ft_cell("trainable_recompile") if ft else missing),
         ("change which layers train during one fit (gradual unfreezing)",
          "MaskedOptimizer(hold) + MaskSchedule.gradual_unfreezing",
@@ -1154,12 +1158,16 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
          + (f"adam hold changed {hold02:,.0f} entries" if hold02 is not None else missing)),
         ("a zero gradient / stop_gradient mask (what people do today)", "gate(x, keep), tf.where(keep, g, 0)",
          "exact only where the update depends on the current gradient alone (plain SGD, Adagrad, ...)",
-         "cheapest per step", "none",
+         (f"{ft_time('gate')} vs {ft_time('var_list')}: the frozen layers' zero gradients are still computed; "
+          f"05 recipe 5: {_ms(recipe(r5, 'naive_gate', 'step_time_ms'))}/step vs "
+          f"{_ms(recipe(r5, 'exact', 'step_time_ms'))} exact") if ft else missing, "none",
          f"01: frozen entries drift under {len(drifting)} of {n_opt} optimizers ({', '.join(drifting[:6])}...)"
          if drift01 else missing),
         ("alternating steps of two networks (GAN)", "two optimizers, or var_list per step",
-         "exact (0 changed entries in the frozen network)", "one optimizer state per network", "none",
-         f"03: zeroed gradients under Adam moved {gan03:,.0f} generator entries" if gan03 is not None else missing),
+         "exact (0 changed entries in the frozen network)", "not compared here (03 reports each method's time)",
+         "one optimizer state per network",
+         f"03: zeroed gradients under Adam moved {gan03:,.0f} generator entries (summed over the run's iterations)"
+         if gan03 is not None else missing),
         ("transform gradients between compute and apply (parameter server)",
          "freezing.gradients: one tape, transform, apply", "exact update: x_after == x_before - lr*T(g)",
          f"per-variable g.eval() costs {eval04:.1f}x one pass" if eval04 is not None else missing, "none",
