@@ -17,6 +17,7 @@ from study.gan_study import Gan, GanStudyConfig, frozen_by_gates, gated_forward,
     ({"generator_scope": ""}, "generator_scope: expected a variable scope"),
     ({"gate_probability": 1.5}, r"gate_probability: expected a number in \[0.0, 1.0\]"),
     ({"diagnostic_optimizers": ["adamw"]}, "diagnostic_optimizers: got 'adamw'; allowed: 'sgd', 'adam'"),
+    ({"processes": 0}, "processes: expected an integer >= 1; got 0"),
 ])
 def test_bad_parameters_fail_before_training(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -61,7 +62,7 @@ def test_config_defaults_live_in_the_dataclass():
         GanStudyConfig.from_parameters(iterations=0)
 
 
-def _tiny_study(methods, optimizers=("adam",), seeds=(0,)):
+def _tiny_study(methods, optimizers=("adam",), seeds=(0,), processes=1):
     from study.data import MnistSplits
 
     rng = np.random.default_rng(0)
@@ -69,7 +70,8 @@ def _tiny_study(methods, optimizers=("adam",), seeds=(0,)):
     y = np.tile(np.arange(10), 7)[:64]
     data = MnistSplits(x_train=x, y_train=y, x_val=x[:8], y_val=y[:8], x_test=x[:16], y_test=y[:16], source="random")
     config = GanStudyConfig(methods=list(methods), optimizers=list(optimizers), iterations=3, batch=8,
-                            seeds=list(seeds), quality_samples=20, log_every=1, classifier_steps=1)
+                            seeds=list(seeds), quality_samples=20, log_every=1, classifier_steps=1,
+                            processes=processes)
     classifier, _ = gan_study.train_classifier(data, 1)
     return config, gan_study.gan_study(config, data, classifier, progress=False)
 
@@ -90,8 +92,12 @@ def test_the_diagnostic_gates_draw_for_one_network_only_and_keep_the_rest_still(
     assert any("time" in k for k in headline)  # timings sit under keys a rerun comparison can skip
 
 
-def test_a_study_run_is_bit_identical_when_repeated():
-    _, (first, logs1, _) = _tiny_study(["two_optimizers", "random_gate"])
-    _, (second, logs2, _) = _tiny_study(["two_optimizers", "random_gate"])
-    timing = [c for c in first.columns if "time" in c]
-    assert first.drop(columns=timing).equals(second.drop(columns=timing)) and logs1.equals(logs2)
+def test_a_study_run_is_bit_identical_when_repeated_and_when_run_in_worker_processes():
+    here = _tiny_study(["two_optimizers", "random_gate"], seeds=(0, 1))
+    again = _tiny_study(["two_optimizers", "random_gate"], seeds=(0, 1))
+    spawned = _tiny_study(["two_optimizers", "random_gate"], seeds=(0, 1), processes=2)
+    (first, logs1, grids1), timing = here[1], [c for c in here[1][0].columns if "time" in c]
+    for _, (runs, logs, grids) in (again, spawned):
+        assert runs.drop(columns=timing).equals(first.drop(columns=timing)) and logs.equals(logs1)
+        assert grids.keys() == grids1.keys() and all(np.array_equal(grids[k], grids1[k]) for k in grids1)
+    assert len(first) == 4 and len(grids1) == 2  # 2 methods x 2 seeds; a grid per method

@@ -26,6 +26,7 @@ from freezing.gates import gate
 from freezing.masked_optimizer import MaskedOptimizer
 from freezing.determinism import enable_determinism
 from study.optimizers import OPTIMIZERS, make_optimizer
+from study.processes import map_in_processes
 from study.reporting import format_mean_std
 from freezing.slots import SlotStash, reset_slots, restore_slots, slots, stash_slots
 from freezing.validation import check_choice, check_choices, check_int_list, check_positive_int, check_range
@@ -87,6 +88,7 @@ class AdamDriftConfig:
     size: int = 64
     seeds: Sequence[int] = field(default_factory=lambda: [0, 1, 2])
     learning_rate: float = 0.01
+    processes: int = 2
 
     def __post_init__(self) -> None:
         check_choices("optimizers", self.optimizers, OPTIMIZERS)
@@ -94,6 +96,7 @@ class AdamDriftConfig:
         check_positive_int("steps", self.steps)
         check_positive_int("warmup", self.warmup)
         check_positive_int("size", self.size)
+        check_positive_int("processes", self.processes)
         check_int_list("seeds", self.seeds, minimum=0)
         check_range("learning_rate", self.learning_rate, 0.0, 10.0, low_open=True)
 
@@ -221,23 +224,30 @@ def drift_run(optimizer: str, policy: str, *, steps: int, warmup: int, size: int
     return pd.DataFrame(rows)
 
 
+def optimizer_runs(config: AdamDriftConfig, name: str) -> pd.DataFrame:
+    """``drift_run`` for every seed x policy of one optimizer, concatenated. ``optimizer_runs(cfg, "adam")``"""
+    return pd.concat([drift_run(name, policy, steps=config.steps, warmup=config.warmup, size=config.size, seed=seed,
+                                learning_rate=config.learning_rate)
+                      for seed in config.seeds for policy in config.policies], ignore_index=True)
+
+
 def drift_matrix(config: AdamDriftConfig, progress: bool = True) -> pd.DataFrame:
     """Run ``drift_run`` for every optimizer x policy x seed of ``config``. ``drift_matrix(AdamDriftConfig(["adam"]))``
 
-    Progress lines print per-run numbers averaged over seeds, as the tables do.
+    The optimizers run in ``config.processes`` worker processes (``study.processes``): every run starts from its
+    own seed, so the table is the same bits for any number. Progress lines print per-run numbers averaged over
+    seeds, as the tables do.
     """
-    frames = []
-    for name in config.optimizers:
-        for seed in config.seeds:
-            for policy in config.policies:
-                frames.append(drift_run(name, policy, steps=config.steps, warmup=config.warmup,
-                                        size=config.size, seed=seed, learning_rate=config.learning_rate))
+
+    def report(i: int, runs: pd.DataFrame) -> None:
         if progress:
-            runs = pd.concat(frames).query("optimizer == @name")
             per_run = runs.groupby(["policy", "seed"])["changed_entries"].sum().groupby("policy").mean()
-            print(f"{name:<17} frozen entries changed, summed over {config.steps} steps (mean over "
+            print(f"{config.optimizers[i]:<17} frozen entries changed, summed over {config.steps} steps (mean over "
                   f"{len(config.seeds)} seeds): " + ", ".join(f"{p} {per_run[p]:g}" for p in config.policies),
                   flush=True)
+
+    frames = map_in_processes(optimizer_runs, [(config, name) for name in config.optimizers], config.processes,
+                              threads=1, on_result=report)
     return pd.concat(frames, ignore_index=True)
 
 

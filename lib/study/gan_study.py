@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from study.data import ACCEPTED_FORMS, MnistSplits
 from freezing.gates import gate
 from freezing.masked_optimizer import MaskedOptimizer
 from study.models import deep_mnist_cnn
+from study.processes import map_in_processes
 from study.reporting import format_mean_std
 from freezing.selection import select_variables
 from study.training import LOSS, accuracy, median_ms, restore, snapshot
@@ -121,12 +122,13 @@ class GanStudyConfig:
     log_every: int = 10
     data_path: str | None = None
     diagnostic_optimizers: Sequence[str] = ("adam",)
+    processes: int = 2
 
     def __post_init__(self) -> None:
         check_choices("methods", self.methods, METHODS)
         check_choices("optimizers", self.optimizers, GAN_OPTIMIZERS)
         check_choices("diagnostic_optimizers", self.diagnostic_optimizers, GAN_OPTIMIZERS)
-        for name in ("iterations", "batch", "classifier_steps", "quality_samples", "log_every"):
+        for name in ("iterations", "batch", "classifier_steps", "quality_samples", "log_every", "processes"):
             check_positive_int(name, getattr(self, name))
         check_int_list("seeds", self.seeds, minimum=0)
         check_range("gate_probability", self.gate_probability, 0.0, 1.0)
@@ -423,52 +425,73 @@ def run_one(runner: _Runner, images: np.ndarray, config: GanStudyConfig, seed: i
     return log, totals
 
 
+def train_pairing(config: GanStudyConfig, images: np.ndarray, inits: Mapping[int, list[np.ndarray]], optimizer: str,
+                  method: str) -> list[tuple[int, list[dict], dict, np.ndarray]]:
+    """Every seed of one (method, optimizer) pairing: ``(seed, log, audit totals, samples)`` per seed.
+
+    ``samples`` are G's outputs for the fixed latent vectors. Depends only on its arguments (each seed restarts
+    ``enable_determinism``), so ``gan_study`` may run pairings in worker processes. ``train_pairing(cfg, x, inits, "adam", "stop_gradient")``
+    """
+    fixed_z = _latents(config.quality_samples, 1234)
+    out, runner = [], None
+    for seed in config.seeds:
+        if runner is None or method == "trainable_flag":
+            runner = _Runner(method, optimizer, config.learning_rates[optimizer], config)
+        if method == "trainable_flag":
+            runner.gan.set_weights(inits[seed])
+        else:
+            runner.reset(inits[seed])
+        enable_determinism(seed)  # each run: the same seed, the same bits
+        log, totals = run_one(runner, images, config, seed)
+        out.append((seed, log, totals, runner.gan.generator(fixed_z, training=False).numpy()))
+    return out
+
+
+def pairings(config: GanStudyConfig) -> list[tuple[str, str]]:
+    """The (optimizer, method) pairings of the sweep, in order; diagnostics only under ``diagnostic_optimizers``."""
+    return [(optimizer, method) for optimizer in config.optimizers for method in config.methods
+            if method not in DIAGNOSTICS or optimizer in config.diagnostic_optimizers]
+
+
 def gan_study(config: GanStudyConfig, data: MnistSplits, classifier: keras.Model,
               progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, np.ndarray]]:
     """Every method x optimizer x seed: (per-run table, loss log, sample grids at the first seed). ``gan_study(cfg, data, c)``
 
-    ``grids`` maps (method, optimizer) to 64 samples from the same fixed latent vectors.
+    ``grids`` maps (method, optimizer) to 64 samples from the same fixed latent vectors. The pairings run in
+    ``config.processes`` worker processes of one TensorFlow thread each (``study.processes``); the tables are the
+    same bits for any number of processes.
     """
     images = (data.x_train.reshape(-1, 784) * 2 - 1).astype(np.float32)
     inits = {}
     for seed in config.seeds:
         keras.utils.set_random_seed(seed)
         inits[seed] = Gan().get_weights()
-    fixed_z = _latents(config.quality_samples, 1234)
+    jobs = [(config, images, inits, optimizer, method) for optimizer, method in pairings(config)]
     runs, logs, grids = [], [], {}
-    for optimizer in config.optimizers:
-        lr = config.learning_rates[optimizer]
-        for method in config.methods:
-            if method in DIAGNOSTICS and optimizer not in config.diagnostic_optimizers:
-                continue
-            runner = None
-            for seed in config.seeds:
-                if runner is None or method == "trainable_flag":
-                    runner = _Runner(method, optimizer, lr, config)
-                if method == "trainable_flag":
-                    runner.gan.set_weights(inits[seed])
-                else:
-                    runner.reset(inits[seed])
-                enable_determinism(seed)  # each run: the same seed, the same bits
-                log, totals = run_one(runner, images, config, seed)
-                samples = runner.gan.generator(fixed_z, training=False).numpy()
-                runs.append({"method": method, "optimizer": optimizer, "seed": seed, **totals,
-                             **sample_quality(classifier, samples),
-                             "final_d_loss": float(np.mean([r["d_loss"] for r in log[-3:]])),
-                             "final_g_loss": float(np.mean([r["g_loss"] for r in log[-3:]]))})
-                logs += [{"method": method, "optimizer": optimizer, "seed": seed, **r} for r in log]
-                if seed == config.seeds[0]:
-                    grids[(method, optimizer)] = samples[:64]
-            if progress:
-                done = pd.DataFrame(runs).query("method == @method and optimizer == @optimizer")
-                if method == config.methods[0] and optimizer == config.optimizers[0]:
-                    print(f"gan: per run, mean over {len(config.seeds)} seed(s): changed entries of frozen G in D steps"
-                          f" / D in G steps / gated-off part, summed over {config.iterations} iterations; classes "
-                          "the judge sees (of 10); time per iteration", flush=True)
-                print(f"gan: {optimizer:<4} {method:<18} {done['g_changed_entries_in_d_step'].mean():.3g} / "
-                      f"{done['d_changed_entries_in_g_step'].mean():.3g} / {done['gated_changed_entries'].mean():.3g}; "
-                      f"{done['classes_seen'].mean():.1f} classes; {done['time_per_iteration_ms'].mean():.1f} ms",
-                      flush=True)
+
+    def collect(i: int, trained: list[tuple[int, list[dict], dict, np.ndarray]]) -> None:
+        optimizer, method = jobs[i][3], jobs[i][4]
+        for seed, log, totals, samples in trained:
+            runs.append({"method": method, "optimizer": optimizer, "seed": seed, **totals,
+                         **sample_quality(classifier, samples),
+                         "final_d_loss": float(np.mean([r["d_loss"] for r in log[-3:]])),
+                         "final_g_loss": float(np.mean([r["g_loss"] for r in log[-3:]]))})
+            logs.extend({"method": method, "optimizer": optimizer, "seed": seed, **r} for r in log)
+            if seed == config.seeds[0]:
+                grids[(method, optimizer)] = samples[:64]
+        if progress:
+            done = pd.DataFrame(runs).query("method == @method and optimizer == @optimizer")
+            if i == 0:
+                print(f"gan: {len(jobs)} pairings in {min(config.processes, len(jobs))} process(es). Per run, mean "
+                      f"over {len(config.seeds)} seed(s): changed entries of frozen G in D steps / D in G steps / "
+                      f"gated-off part, summed over {config.iterations} iterations; classes the judge sees (of 10); "
+                      "time per iteration", flush=True)
+            print(f"gan: {optimizer:<4} {method:<18} {done['g_changed_entries_in_d_step'].mean():.3g} / "
+                  f"{done['d_changed_entries_in_g_step'].mean():.3g} / {done['gated_changed_entries'].mean():.3g}; "
+                  f"{done['classes_seen'].mean():.1f} classes; {done['time_per_iteration_ms'].mean():.1f} ms",
+                  flush=True)
+
+    map_in_processes(train_pairing, jobs, config.processes, threads=1, on_result=collect)
     return pd.DataFrame(runs), pd.DataFrame(logs), grids
 
 

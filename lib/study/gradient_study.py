@@ -50,13 +50,13 @@ class GradientStudyConfig:
     ps_n: int = 4
     ps_steps_per_function: int = 8
     ps_eval_every: int = 8
-    n_push_sweep: Sequence[int] = (1, 2, 8)
+    n_push_sweep: Sequence[int] = (1, 8)
     n_push_sweep_steps: int = 128
     fault_model: str = "study.ps_examples:mnist_mlp"
     fault_steps: int = 240
     faults: Sequence[str] = ("worker", "chief", "ps")
     # 6. staleness in one process
-    taus: Sequence[int] = (0, 2, 4, 8, 16)
+    taus: Sequence[int] = (0, 1, 2, 4, 8)
     staleness_optimizers: Sequence[str] = ("sgd", "adam")
     staleness_learning_rates: dict[str, list[float]] = field(
         default_factory=lambda: {"sgd": [0.05, 0.2, 0.5], "adam": [0.001, 0.003, 0.01], "adagrad": [0.05, 0.1, 0.3]})

@@ -104,8 +104,13 @@ def prediction_vs_measurement(prediction: pd.DataFrame) -> plt.Figure:
     return fig
 
 
+SMOOTH = 5
+"""Logged loss values averaged into each plotted point (a centred rolling mean): the raw curves of nine methods
+are too noisy to tell apart."""
+
+
 def gan_losses(logs: pd.DataFrame) -> plt.Figure:
-    """D and G loss against iteration, mean over seeds; a panel per optimizer x network, shared axes. ``gan_losses(logs)``"""
+    """D and G loss against iteration, mean over seeds, smoothed (``SMOOTH``); a panel per optimizer x network. ``gan_losses(logs)``"""
     optimizers = list(dict.fromkeys(logs["optimizer"]))
     methods = list(dict.fromkeys(logs["method"]))
     colours = dict(zip(methods, plt.get_cmap("tab10").colors))
@@ -116,7 +121,7 @@ def gan_losses(logs: pd.DataFrame) -> plt.Figure:
             ax = axes[i, j]
             for method in methods:
                 rows = logs[(logs["optimizer"] == name) & (logs["method"] == method)]
-                curve = rows.groupby("iteration")[loss].mean()
+                curve = rows.groupby("iteration")[loss].mean().rolling(SMOOTH, min_periods=1, center=True).mean()
                 ax.plot(curve.index, curve.values, label=method, lw=1.1, color=colours[method])
             ax.axhline(2 * np.log(2) if j == 0 else np.log(2), color="k", lw=0.7, ls=":")
             ax.set_title(f"{name}: {'discriminator' if j == 0 else 'generator'} loss"
@@ -127,8 +132,8 @@ def gan_losses(logs: pd.DataFrame) -> plt.Figure:
                 ax.set_ylabel("binary cross-entropy (nats)")
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=min(len(methods), 5), fontsize=8, frameon=False)
-    fig.suptitle(f"Losses, mean over {logs['seed'].nunique()} seed(s), logged every few iterations; "
-                 "lines of runs with identical updates lie on top of each other", fontsize=10)
+    fig.suptitle(f"Losses, mean over {logs['seed'].nunique()} seed(s), each point the mean of {SMOOTH} logged values "
+                 "around it; lines of runs with identical updates lie on top of each other", fontsize=10)
     return fig
 
 
@@ -196,7 +201,7 @@ def gan_coverage(runs: pd.DataFrame) -> plt.Figure:
     optimizers = list(dict.fromkeys(runs["optimizer"]))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharex=True, layout="constrained")
     width = 0.8 / len(optimizers)
-    for ax, value, label, top in ((axes[0], "classes_seen", "classes seen by the judge (of 10)", 10.5),
+    for ax, value, label, top in ((axes[0], "classes_seen", "classes seen by the judge (of 10)", 12.2),
                                   (axes[1], "coverage_entropy", "coverage: entropy of the judged classes\n"
                                                                 "(0 = one class, 1 = all ten equally)", 1.05)):
         for j, name in enumerate(optimizers):
@@ -214,7 +219,7 @@ def gan_coverage(runs: pd.DataFrame) -> plt.Figure:
         ax.grid(axis="y", alpha=0.3)
     axes[0].axhline(1, color="tab:red", lw=0.8, ls="--")
     axes[0].set_yticks(range(0, 11))
-    axes[0].legend(fontsize=8, loc="upper right")
+    axes[0].legend(fontsize=8, loc="upper center", ncol=3)  # above the bars, which end at 10
     fig.suptitle(f"Mode collapse: what the judge sees in {int(runs['seed'].nunique())} seed(s) of samples "
                  "(red dashed: a single class)", fontsize=10)
     return fig

@@ -87,14 +87,20 @@ def n_push_sweep(table: pd.DataFrame) -> plt.Figure:
 
 
 def staleness_histograms(runs: Mapping[str, Mapping[str, Any]]) -> plt.Figure:
-    """Measured staleness of every push, one panel per run (``{label: result}``), as a fraction of its pushes."""
+    """Measured staleness of every push, one panel per run (``{label: result}``), as a fraction of its pushes.
+
+    Each panel is titled with its run's workers, ``n_push`` and steps (from ``result["config"]``; else ``label``).
+    """
     fig, axes = plt.subplots(1, len(runs), figsize=(3.3 * len(runs), 3.2), squeeze=False, sharey=True)
     top = max(max(r["staleness"]) for r in runs.values())
     for ax, (label, result) in zip(axes[0], runs.items()):
         values = np.asarray(result["staleness"])
         counts = np.bincount(values, minlength=top + 1) / len(values)
         ax.bar(range(top + 1), counts, width=0.8)
-        ax.set_title(f"{label}\nmean {values.mean():.2f}, {len(values)} pushes", fontsize=9)
+        job = result.get("config", {})
+        setting = (f"{job['workers']} worker{'s' * (job['workers'] > 1)}, n_push = {job['n_push']}, {job['steps']} steps"
+                   if {"workers", "n_push", "steps"} <= set(job) else label)
+        ax.set_title(f"{setting}\nmean {values.mean():.2f}, {len(values)} pushes", fontsize=9)
         ax.set_xlabel("staleness [updates]")
         ax.set_xticks(range(0, top + 1, max(1, (top + 1) // 6)))
     axes[0, 0].set_ylabel("share of pushes [fraction]")

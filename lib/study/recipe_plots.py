@@ -75,7 +75,8 @@ def pruning(runs: pd.DataFrame) -> plt.Figure:
         rows = runs[runs["optimizer"] == name]
         top, bottom = axes[0, col], axes[1, col]
         targets = sorted(rows["sparsity"].unique())
-        top.plot(100 * np.array(targets), 100 * np.array(targets), "k:", lw=1, label="target")
+        top.plot(100 * np.array(targets), 100 * np.array(targets), "k--", lw=1.2, zorder=5,
+                 label="target")  # drawn over the points that reach it, so that it stays visible
         for k, (method, g) in enumerate(rows.groupby("method", sort=False)):
             s = g.groupby("sparsity")
             x = 100 * np.array(targets) + 0.8 * (k - 1)  # side by side: identical results would hide each other
@@ -116,12 +117,12 @@ def unfreezing(curves: pd.DataFrame, every: int, layers: Sequence[str]) -> plt.F
         ax.xaxis.get_major_locator().set_params(integer=True)
         for s in range(1, stages):
             ax.axvline(s * every, color="0.6", ls=":", lw=1)
-            ax.text(s * every, 1.0, f" +{layers[stages - 1 - s]}", transform=ax.get_xaxis_transform(),
-                    fontsize=8, va="top", color="0.4")
+            ax.text(s * every, 1.0, f"+{layers[stages - 1 - s]}", transform=ax.get_xaxis_transform(),
+                    fontsize=8, va="bottom", ha="center", color="0.4")  # above the frame, clear of the legends
     acc_ax.set(xlabel="epochs completed (dotted: a layer is unfrozen)", ylabel="test accuracy on digits 5-9 (fraction)",
-               title="Accuracy at the end of each epoch (mean ± std)")
+               title="Accuracy at the end of each epoch (mean ± std)\n")
     mom_ax.set(xlabel="epoch (points at each epoch's start and end)", ylabel="L2 norm of the head kernel's Adam momentum",
-               title="Optimizer state across stages (first seed)")
+               title="Optimizer state across stages (first seed)\n")
     acc_ax.legend(fontsize=8)
     mom_ax.legend(fontsize=8)
     fig.tight_layout()

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -46,7 +45,7 @@ from study.data import ACCEPTED_FORMS, MnistSplits
 from study.models import deep_mnist_cnn
 from study.optimizers import OPTIMIZERS, make_optimizer
 from study.reporting import format_mean_std
-from study.training import LOSS, accuracy, batch_indices, median_ms
+from study.training import LOSS, StepTimer, accuracy, batch_indices, median_ms, restore, snapshot
 
 OLD_CLASSES = 5
 """Digits 0-4 are the old task, 5-9 the new one."""
@@ -352,20 +351,6 @@ class RandomUnits:
         return draw < self.p
 
 
-class StepTimer(keras.callbacks.Callback):
-    """Wall time of every training batch of ``fit``; ``median_ms(timer.times)`` skips the traced first one."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.times: list[float] = []
-
-    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-        self._start = time.perf_counter()
-
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        self.times.append(time.perf_counter() - self._start)
-
-
 class StepAudit(StepTimer):
     """Per step: how many entries frozen *in that step* by ``mask_fn`` changed their bits (timed apart from the audit)."""
 
@@ -393,17 +378,6 @@ def _inner(optimizer: Any) -> Any:
     while isinstance(optimizer, MaskedOptimizer):
         optimizer = optimizer.inner
     return optimizer
-
-
-def _values(variables: Sequence[Any]) -> list[np.ndarray]:
-    return [np.array(v.numpy(), copy=True) for v in variables]
-
-
-def _assign(variables: Sequence[Any], values: Sequence[np.ndarray]) -> None:
-    if len(variables) != len(values):
-        raise ValueError(f"_assign: {len(values)} values for {len(variables)} variables")
-    for v, value in zip(variables, values):
-        v.assign(value)
 
 
 def _indices(n: int, batch: int, steps: int, seed: int) -> np.ndarray:
@@ -471,13 +445,13 @@ def pretrain_mlps(config: RecipesConfig, data: MnistSplits) -> dict[int, Pretrai
     opt = make_optimizer("adam", config.learning_rate)
     model.compile(optimizer=opt, loss=LOSS)
     opt.build(model.trainable_variables)
-    opt_init = _values(opt.variables)
+    opt_init = snapshot(opt.variables)
     out = {}
     for seed in config.seeds:
         enable_determinism(seed)
         model.set_weights(mlp(OLD_CLASSES, config.hidden).get_weights())
         wide_head = mlp(10, config.hidden).get_layer("head").get_weights()
-        _assign(opt.variables, opt_init)
+        restore(opt.variables, opt_init)
         timer = StepTimer()
         _fit_steps(model, x_old, y_old, config.batch, config.pretrain_steps, seed, [timer])
         weights = model.get_weights()
@@ -526,13 +500,13 @@ def new_columns_study(config: RecipesConfig, data: MnistSplits, pretrained: Mapp
         if isinstance(opt, MaskedOptimizer):
             opt.set_mask(head.kernel, keep[None, :])
             opt.set_mask(head.bias, keep)
-        opt_init = _values(opt.variables)
+        opt_init = snapshot(opt.variables)
         frozen = {head.kernel.path: ~keep[None, :], head.bias.path: ~keep}
         n_frozen = int(head.kernel.shape[0] * OLD_CLASSES + OLD_CLASSES)
         for seed in config.seeds:
             enable_determinism(seed)
             model.set_weights(pretrained[seed].extended)
-            _assign(opt.variables, opt_init)
+            restore(opt.variables, opt_init)
             if constraints is not None:
                 constraints[0].reset(values=head.kernel.numpy())
                 constraints[1].reset(values=head.bias.numpy())
@@ -586,23 +560,23 @@ def pretrain_cnns(config: RecipesConfig, data: MnistSplits) -> dict[int, CnnStat
     opt = make_optimizer("adam", config.learning_rate)
     model.compile(optimizer=opt, loss=LOSS)
     opt.build(model.trainable_variables)
-    opt_init = _values(opt.variables)
+    opt_init = snapshot(opt.variables)
     out = {}
     for seed in config.seeds:
         enable_determinism(seed)
-        _assign(model.variables, _values(deep_mnist_cnn().variables))  # this seed's init and dropout stream
-        _assign(opt.variables, opt_init)
+        restore(model.variables, snapshot(deep_mnist_cnn().variables))  # this seed's init and dropout stream
+        restore(opt.variables, opt_init)
         timer = StepTimer()
         _fit_steps(model, data.x_train, data.y_train, config.prune_batch, config.prune_pretrain_steps, seed, [timer])
         state = {v.path: {k: s.numpy().copy() for k, s in slots(opt, v).items()} for v in model.trainable_variables}
-        out[seed] = CnnState(seed, _values(model.variables), state, int(opt.iterations.numpy()),
+        out[seed] = CnnState(seed, snapshot(model.variables), state, int(opt.iterations.numpy()),
                              _eval_cnn(model, data, config.prune_eval_samples), median_ms(timer.times))
     return out
 
 
 def load_cnn_state(model: keras.Model, optimizer: Any, state: CnnState) -> None:
     """Put a ``CnnState`` into a Deep MNIST CNN and a built Adam/AdamW (looked up through wrappers). ``load_cnn_state(m, opt, s)``"""
-    _assign(model.variables, state.variables)
+    restore(model.variables, state.variables)
     inner = _inner(optimizer)
     for v in model.trainable_variables:
         for name, slot in slots(inner, v).items():
@@ -734,11 +708,11 @@ class _Compiled:
         self.optimizer = MaskedOptimizer(adam, policy="hold") if masked else adam
         self.model.compile(optimizer=self.optimizer, loss=LOSS)
         self.optimizer.build(self.model.trainable_variables)
-        self._initial = _values(self.optimizer.variables)
+        self._initial = snapshot(self.optimizer.variables)
 
     def reset(self, weights: Sequence[np.ndarray]) -> None:
         self.model.set_weights(weights)
-        _assign(self.optimizer.variables, self._initial)
+        restore(self.optimizer.variables, self._initial)
 
 
 def unfreezing_study(config: RecipesConfig, data: MnistSplits, pretrained: Mapping[int, Pretrained]) -> StudyResult:
@@ -937,7 +911,7 @@ def sparse_study(config: RecipesConfig, data: MnistSplits, pretrained: Mapping[i
         opt = MaskedOptimizer(inner, policy="hold") if method == "sparse" else inner
         model.compile(optimizer=opt, loss=LOSS)
         opt.build(model.trainable_variables)
-        opt_init = _values(opt.variables)
+        opt_init = snapshot(opt.variables)
         all_vars = list(model.weights)
         fractions = config.sparse_fractions if method == "sparse" else [np.nan]
         for seed in config.seeds:
@@ -945,7 +919,7 @@ def sparse_study(config: RecipesConfig, data: MnistSplits, pretrained: Mapping[i
             for fraction in fractions:
                 enable_determinism(seed)
                 model.set_weights(pretrained[seed].extended)
-                _assign(opt.variables, opt_init)
+                restore(opt.variables, opt_init)
                 acc_before = _accuracies(model, data)
                 trained = {v.path: np.ones(v.shape, bool) for v in model.trainable_variables}
                 if method == "sparse":
@@ -957,7 +931,7 @@ def sparse_study(config: RecipesConfig, data: MnistSplits, pretrained: Mapping[i
                         if seed == config.seeds[0]:
                             selection.append({"fraction": fraction, "variable": v.path, "selected": int(m.sum()),
                                               "entries": int(m.size), "share": float(m.mean())})
-                before = _values(all_vars)
+                before = snapshot(all_vars)
                 timer = StepTimer()
                 _fit_steps(model, x_new, y_new, config.batch, config.sparse_steps, seed, [timer])
                 changed = outside = 0
@@ -989,11 +963,11 @@ def subnetwork_study(config: RecipesConfig, data: MnistSplits) -> StudyResult:
         opt = MaskedOptimizer(make_optimizer("adam", config.learning_rate), policy=_POLICY[method], mask_fn=mask_fn)
         model.compile(optimizer=opt, loss=LOSS)
         opt.build(model.trainable_variables)
-        opt_init = _values(opt.variables)
+        opt_init = snapshot(opt.variables)
         for seed in config.seeds:
             enable_determinism(seed)
             model.set_weights(mlp(10, config.hidden).get_weights())
-            _assign(opt.variables, opt_init)
+            restore(opt.variables, opt_init)
             mask_fn.reseed(seed)
             audit = StepAudit(model.trainable_variables, mask_fn, opt)
             _fit_steps(model, data.x_train, data.y_train, config.batch, config.subnet_steps, seed, [audit])

@@ -5,6 +5,7 @@ Loops stay short because these carry the weight; each study module composes them
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -90,3 +91,20 @@ def restore(variables: Sequence[Any], values: Sequence[np.ndarray]) -> None:
 def median_ms(times: Sequence[float]) -> float:
     """Median of per-step wall times in ms, skipping the first (tracing) step. ``median_ms([1.0, .01, .02]) == 15.0``"""
     return 1e3 * float(np.median(times[1:] if len(times) > 1 else times))
+
+
+class StepTimer(keras.callbacks.Callback):
+    """Wall time of every training batch of ``fit``; ``median_ms(timer.times)`` skips the traced first one.
+
+    ``timer = StepTimer(); model.fit(..., callbacks=[timer]); median_ms(timer.times)``
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.times.append(time.perf_counter() - self._start)
