@@ -18,7 +18,7 @@ from study.models import deep_mnist_cnn
     ({"seeds": [0, 1.5]}, "seeds: expected a non-empty list of integers"),
     ({"seeds": "0,1"}, "seeds: expected a non-empty list of integers"),
     ({"mask_steps": 0}, "mask_steps: expected an integer >= 1"),
-    ({"learning_rates": {"sgd": 0.1}}, r"learning_rates: no rate for \['adam', 'adamw', 'momentum'\]"),
+    ({"learning_rates": {"sgd": 0.1}}, r"learning_rates: no rate for \['adam'\]"),
     ({"allow_download": "yes"}, "allow_download: expected true or false"),
     ({"data_seed": -1}, "data_seed: expected an integer >= 0; got -1"),
 ])
