@@ -454,12 +454,15 @@ def _masked_runs(config: CnnStudyConfig, data: MnistSplits, *, experiment: str, 
                         if (k + 1) % config.eval_every == 0 or k + 1 == steps:
                             row["accuracy"] = accuracy(model, eval_x, eval_y)
                         rows.append(row)
-            if progress:
+            if progress:  # per p where there is one: an average over p would mean nothing
                 done = pd.DataFrame(rows).query("optimizer == @name and method == @method")
-                runs = done.groupby(run_keys(done), dropna=False)
-                print(f"{experiment}: {name:<9} {method:<6} final accuracy {runs['accuracy'].last().mean():.3f}, "
-                      f"frozen entries changed per run (summed over {steps} steps) "
-                      f"{runs['frozen_changed'].sum().mean():,.0f}  (means over {runs.ngroups} runs)", flush=True)
+                per_run = done.groupby(run_keys(done), dropna=False).agg(accuracy=("accuracy", "last"),
+                                                                         changed=("frozen_changed", "sum"))
+                parts = per_run.groupby(level="p") if "p" in done.columns else [(None, per_run)]
+                print(f"{experiment}: {name:<9} {method:<6} " + "; ".join(
+                    (f"p={p:g}: " if p is not None else "") + f"final accuracy {g['accuracy'].mean():.3f}, "
+                    f"frozen entries changed {g['changed'].mean():,.0f}" for p, g in parts)
+                    + f"  (per run, summed over {steps} steps; means over {len(config.seeds)} seeds)", flush=True)
     return pd.DataFrame(rows)
 
 

@@ -59,7 +59,8 @@ class GradientStudyConfig:
     taus: Sequence[int] = (0, 1, 2, 4, 8)
     staleness_optimizers: Sequence[str] = ("sgd", "adam")
     staleness_learning_rates: dict[str, list[float]] = field(
-        default_factory=lambda: {"sgd": [0.05, 0.2, 0.5], "adam": [0.001, 0.003, 0.01], "adagrad": [0.05, 0.1, 0.3]})
+        default_factory=lambda: {"sgd": [0.05, 0.2, 0.5, 1.0], "adam": [0.001, 0.003, 0.01, 0.03],
+                                 "adagrad": [0.05, 0.1, 0.3]})
     staleness_steps: int = 300
     staleness_eval_every: int = 10
     staleness_target: float = 0.85
@@ -529,6 +530,80 @@ def fault_job(config: GradientStudyConfig) -> Any:
                           **kills)
 
 
+COLUMNS = {
+    # fetch_costs
+    "mode": "how the gradients are computed: TF1 graph (Session), TF2 eager, or TF2 inside tf.function",
+    "method": "the way all gradients are fetched (one pass, one call per variable, or a recomputed pass per variable)",
+    "ms": "median wall time to get all gradients of the Deep MNIST CNN for one batch, over `repeats` (ms)",
+    "ratio_to_one_pass": "ms / the one-pass method's ms in the same mode (ratio)",
+    # quadratic_trace
+    "step": "step of the compute-transform-apply loop on y = 0.5 (x - 3)^2; 0 is the start (count)",
+    "x": "x at the start of the step (after the previous step's update)",
+    "dy_dx": "the gradient dy/dx at that x, which the step transforms and applies",
+    "error": "|x after the step - (x before - lr * T(dy/dx))|; 0 means the update is exact (x units)",
+    # ps_runs and n_push_sweep
+    "run": "label of the cluster run",
+    "model": "the Keras model trained (module:function of its builder)",
+    "workers": "worker tasks that computed gradients (count)",
+    "ps": "parameter-server tasks holding the variables (count)",
+    "n_fetch": "a worker fetches fresh parameters every n_fetch of its steps (steps)",
+    "n_push": "a worker pushes its summed gradients every n_push of its steps (steps)",
+    "steps": "minibatches computed by all workers together (count)",
+    "applied_updates": "pushes applied on the ps tasks (count; one per n_push steps of a worker)",
+    "steps_per_s": "minibatches per second of all workers together, after the warm-up (1/s)",
+    "steps_per_s_std": "std of steps_per_s over 4 equal windows of the run (1/s)",
+    "updates_per_s": "updates applied per second after the warm-up (1/s)",
+    "staleness_mean": "mean over pushes of the updates other workers applied between a push's fetch and the push "
+                      "(updates)",
+    "staleness_max": "largest staleness of a push (updates)",
+    "final_accuracy": "test accuracy of the parameters on the ps at the end (fraction, 0-1)",
+    "worker_cpu_share_min": "smallest share of one core a worker process got over the timed window (fraction of a "
+                            "core)",
+    "worker_cpu_s_per_step": "CPU seconds of all worker processes per minibatch, timed window, read from /proc (s)",
+    "ps_cpu_s_per_step": "CPU seconds of all ps processes per minibatch, timed window, read from /proc (s)",
+    "samples_shared_between_workers": "training samples read by more than one worker (count; 0 = disjoint shards)",
+    # ps_placement
+    "variable": "path of the Keras variable",
+    "shard": "which shard of the variable (a variable over 256 KiB is split over the ps tasks)",
+    "task": "the ps task that holds the shard",
+    "shape": "shape of the shard",
+    "bytes": "size of the shard (bytes)",
+    # staleness_curves, staleness_dai_check, staleness_best_per_tau
+    "optimizer": "optimizer of the in-process staleness study",
+    "learning_rate": "learning rate of the run (for the check: the optimizer's best rate without delay)",
+    "tau": "delay: the gradient applied at update t was computed on the parameters of update t - tau (updates)",
+    "seed": "seed of the run (weights and minibatches)",
+    "updates": "updates applied so far (count)",
+    "accuracy": "test accuracy after that many updates (fraction, 0-1)",
+    "seeds": "seeds run (count)",
+    "reached": "seeds whose run reached staleness_target accuracy (count)",
+    "slowdown_mean": "mean over seeds of updates to reach the target / the same seed's updates at tau = 0 (ratio; "
+                     "inf if a seed never reached it)",
+    "slowdown_std": "std over the seeds that reached the target of that ratio (ratio)",
+    "drop_mean": "mean over seeds of final accuracy at tau = 0 minus final accuracy at this tau, the same seed "
+                 "(absolute, fraction of test images)",
+    "drop_std": "std over seeds of that drop (fraction)",
+    "adam": "Adam's final accuracy at its best rate for this tau, mean over seeds (fraction)",
+    "sgd": "SGD's final accuracy at its best rate for this tau, mean over seeds (fraction)",
+    "adam_std": "std over seeds of Adam's final accuracy at that rate (fraction)",
+    "sgd_std": "std over seeds of SGD's final accuracy at that rate (fraction)",
+    "adam_lr": "Adam's best learning rate for this tau",
+    "sgd_lr": "SGD's best learning rate for this tau",
+    # fault_accounting
+    "fault": "the task killed",
+    "updates when killed (seen)": "the update counter as the launcher last read it before the kill (count)",
+    "updates when killed (exact)": "the counter when the task died, read on a ps task that survived (count; empty "
+                                   "where it cannot be read)",
+    "in the last checkpoint": "updates in the checkpoint the job resumed from (count; empty for a worker: no "
+                              "restart from a checkpoint)",
+    "lost": "updates applied before the kill but not in the resumed checkpoint (count)",
+    "lost is exact": "whether lost is counted exactly (from the surviving ps task) or estimated from the launcher's "
+                     "last reading",
+    "how it came back": "what restarted after the kill",
+}
+"""Every column of study 04's tables: meaning (unit), for the data dictionary (``reporting.save_table``)."""
+
+
 def fault_accounting(result: Mapping[str, Any]) -> pd.DataFrame:
     """Every update of a fault run, accounted for: per fault, what was in the checkpoint, lost, applied after."""
     rows = []
@@ -536,12 +611,13 @@ def fault_accounting(result: Mapping[str, Any]) -> pd.DataFrame:
     restored = iter(resumed)
     for fault in result["faults"]:
         row = {"fault": f"{fault['killed']} killed", "updates when killed (seen)": fault.get("version_seen"),
-               "in the last checkpoint": fault.get("checkpoint_version")}
-        if fault["killed"].startswith("worker"):
-            row["lost"], row["lost is exact"] = 0, True
+               "updates when killed (exact)": fault.get("version_at_failure")}
+        if fault["killed"].startswith("worker"):  # nothing restarts from a checkpoint; its pushes stay applied
+            row["in the last checkpoint"], row["lost"], row["lost is exact"] = None, 0, True
             row["how it came back"] = "the coordinator re-ran its function; the worker was started again"
         else:
             attempt = next(restored)
+            row["in the last checkpoint"] = attempt["restored_version"]
             at_failure = fault.get("version_at_failure")
             exact = at_failure is not None  # read on a ps task that survived; else what the launcher last saw
             row["lost"] = (at_failure if exact else fault.get("version_seen") or 0) - attempt["restored_version"]

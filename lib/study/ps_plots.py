@@ -71,9 +71,9 @@ def n_push_sweep(table: pd.DataFrame) -> plt.Figure:
     axes[0].set(ylabel="CPU time per worker step [ms]", ylim=(0, None))
     axes[0].legend()
     axes[1].errorbar(table["n_push"], table["steps_per_s"], yerr=table["steps_per_s_std"], marker="o", capsize=3)
-    axes[1].set(ylabel="worker steps per second [1/s]", ylim=(0, None))
+    axes[1].set(ylabel="steps per second, both workers [1/s]", ylim=(0, None))
     axes[2].plot(table["n_push"], table["staleness_mean"], marker="o")
-    axes[2].set(ylabel="mean staleness of a push [updates]", ylim=(0, None))
+    axes[2].set(ylabel="mean staleness of a push [updates]", ylim=(0, 1.2 * float(table["staleness_mean"].max())))
     axes[3].plot(table["n_push"], table["final_accuracy"], marker="o")
     axes[3].set(ylabel="test accuracy after the run [fraction]", ylim=(0, 1))
     for ax in axes:
@@ -126,8 +126,9 @@ def staleness_curves(curves: pd.DataFrame, best: Mapping[str, float], target: fl
         ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel("test accuracy [fraction]")
     axes[0, 0].set_ylim(0, 1)
-    axes[0, -1].legend(fontsize=8, loc="lower right", ncol=2)
-    fig.tight_layout()
+    handles, labels = axes[0, -1].get_legend_handles_labels()  # below the panels: inside, it hid low curves
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=len(labels), frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
 
 
@@ -160,6 +161,12 @@ def fault_timeline(result: Mapping[str, Any]) -> plt.Figure:
     for i, fault in enumerate(result["faults"]):
         ax.axhline(fault.get("version_seen") or 0, color=f"C{i + 1}", ls="--", lw=1,
                    label=f"{fault['killed']} killed at ≈{fault.get('version_seen')} updates")
+    resumed = [a["restored_version"] for a in result.get("attempts", []) if a.get("resumed")]
+    for version in resumed:  # where the restarted chief picked up: a checkpoint below the kill's line
+        at = checkpoints[checkpoints["version"] == version]["seconds"] if len(checkpoints) else []
+        if len(at):
+            ax.plot(float(at.iloc[0]), version, marker="o", ms=11, mfc="none", mec="k", mew=1.2, ls="none",
+                    label="resumed from this checkpoint" if version == resumed[0] else None)
     ax.set(xlabel="training time of the job, chief restarts excluded [s]", ylabel="updates on the ps [count]")
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3)
