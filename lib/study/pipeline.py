@@ -4,7 +4,8 @@
 with ``notebooks/params/NN_topic.full.yaml``, in a staging folder. Only a notebook that finished
 is moved into ``results/NN_topic/`` (executed notebook, HTML report with inputs hidden, the
 figures, tables and metrics.json it wrote), and ``results/manifest.json`` records its git commit,
-parameters, package versions, data source and duration. A notebook that fails stops the run with
+parameters, package versions, data source and duration. The numbers its markdown quotes are filled in from
+the run's ``metrics.json`` (``study.prose``) before the report is rendered. A notebook that fails stops the run with
 its name and the error, exits non-zero, and leaves the previous results untouched.
 
 After every notebook the pipeline rewrites, each atomically, ``manifest.json``, ``SUMMARY.md`` (headlines),
@@ -41,6 +42,7 @@ from typing import Any
 
 import yaml
 
+from study.prose import fill_executed
 from study.reporting import atomic_write
 
 DEFAULT_NOTEBOOKS = Path("notebooks")
@@ -291,6 +293,7 @@ def run_notebook(notebook: Path, profile: str, out: Path, timeout_s: int,
     started = time.perf_counter()
     try:
         _execute(notebook, staging / f"{name}.ipynb", {**params, "out_dir": str(staging.resolve())}, timeout_s)
+        fill_executed(staging / f"{name}.ipynb", staging / "metrics.json")  # the prose's numbers, from this run
         cleaned = render_html(staging / f"{name}.ipynb", staging / f"{name}.html")
         duration = time.perf_counter() - started
         metrics_path = staging / "metrics.json"
