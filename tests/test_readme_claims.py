@@ -1,0 +1,62 @@
+"""The README's headline claims hold in the committed results (``results/``, made by ``make reproduce``).
+
+The reports check their own prose when they are rendered; the README is written by hand, so its headings are
+checked here against the same ``metrics.json`` files. A rerun whose results contradict a heading fails this.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "results"
+README = (REPO / "README.md").read_text(encoding="utf-8")
+
+# README figure 1: "those whose state only scales the gradient (RMSprop without momentum, Adagrad, Adadelta,
+# Ftrl) and plain SGD do not"; every other optimizer of study 01 (momentum, first moment or weight decay) does.
+KEEP_STILL = {"sgd", "rmsprop", "adagrad", "adadelta", "ftrl"}
+
+
+def _metrics(study: str) -> dict:
+    path = RESULTS / study / "metrics.json"
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: run `make reproduce` and commit results/")
+    return json.loads(path.read_text())
+
+
+def test_figure_1_which_optimizers_move_frozen_entries_under_the_mask_alone():
+    assert "RMSprop without\nmomentum, Adagrad, Adadelta, Ftrl) and plain SGD do not" in README
+    drift = _metrics("01_adam_drift")["drift"]
+    optimizers = {key.split("/")[0] for key in drift}
+    assert KEEP_STILL < optimizers and len(optimizers) > len(KEEP_STILL)
+    for name in optimizers:
+        moved = drift[f"{name}/naive"]["changed_entries_sum_mean"]
+        assert (moved == 0) == (name in KEEP_STILL), (name, moved)
+        for policy in ("hold", "reset"):  # "MaskedOptimizer moves none under any of them"
+            assert drift[f"{name}/{policy}"]["changed_entries_sum_mean"] == 0, (name, policy)
+
+
+def test_figure_3_pruned_weights_stay_zero_with_the_exact_mask_and_the_constraint_only():
+    assert re.search(r"stay zero with the exact mask\s+and with a re-zeroing constraint", README)
+    methods = _metrics("05_recipes")["pruning"]["methods"]
+    assert methods["exact"]["moved_max"] == 0 and methods["constraint"]["moved_max"] == 0
+    by = _metrics("05_recipes")["pruning"]["by_optimizer"]
+    for key, row in by.items():  # "a gradient mask alone lets Adam move nearly all of them"
+        if key.startswith("adam/gradient_mask/"):
+            assert row["moved_min"] > 0.5 * row["pruned"], (key, row)
+
+
+def test_figure_2_the_naive_mask_drifts_under_adam_and_hold_reset_do_not():
+    masks = _metrics("02_mnist_cnn_freezing")
+    text = json.dumps(masks)
+    assert "naive" in text and "hold" in text
+    summary = {k: v for k, v in masks.get("headline", {}).items() if k.startswith("masks p=")}
+    assert summary, "study 02's headline has no mask rows"
+    for key, value in summary.items():
+        moved = value.split(" / ")[-1].split(" ± ")[0].replace(",", "")
+        if "adam/naive" in key:
+            assert float(moved) > 0, (key, value)
+        elif "/hold" in key or "/reset" in key:
+            assert float(moved) == 0, (key, value)
