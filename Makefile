@@ -14,10 +14,11 @@ export PYTHONHASHSEED ?= 0
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt pyproject.toml lib/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e lib  # the study
 	@touch $(STAMP)
 
 venv: $(STAMP) ## Create .venv and install the pinned requirements (done by the targets below)
@@ -28,8 +29,8 @@ test: $(STAMP) ## Run all tests: unit, property, and every notebook on smoke par
 smoke: $(STAMP) ## Run every notebook on tiny parameters into build/smoke/ (about a minute each)
 	$(PY) -m study.pipeline --profile smoke --out build/smoke
 
-reproduce: $(STAMP) ## Run every notebook on full parameters and regenerate results/
-	$(PY) -m study.pipeline --profile full --out results
+reproduce: $(STAMP) ## Regenerate results/ on full parameters, rerunning only changed notebooks (FORCE=1: all)
+	$(PY) -m study.pipeline --profile full --out results$(if $(FORCE), --force)
 
 bench: $(STAMP) ## Run the benchmarks; prints ratios measured side by side in one run
 	$(PY) bench/run.py

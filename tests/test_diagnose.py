@@ -14,12 +14,6 @@ X = np.random.RandomState(0).randn(16, 3).astype("float32")
 Y = np.random.RandomState(1).randn(16, 1).astype("float32")
 K = keras.optimizers
 
-needs_get_mask = pytest.mark.skipif(
-    not hasattr(getattr(masked_module, "MaskedOptimizer", None), "get_mask"),
-    reason="freezing.MaskedOptimizer has no get_mask yet (masked_optimizer.py is being rewritten)",
-)
-
-
 def make(bn=False, constraint=None):
     """Input(3) -> Dense a (3x4) [-> BatchNormalization bn] -> Dense b (4x1)."""
     keras.utils.set_random_seed(0)
@@ -311,7 +305,6 @@ def test_masked_optimizer_contract(monkeypatch, policy):
     }
 
 
-@needs_get_mask
 @pytest.mark.parametrize("policy", ["hold", "none"])
 def test_real_masked_optimizer(policy):
     model = make()
@@ -329,19 +322,15 @@ def test_real_masked_optimizer(policy):
 
 
 def test_multi_optimizer_uses_each_variables_own_optimizer():
-    multi = getattr(K, "MultiOptimizer", None)
-    if multi is None:
-        pytest.skip("this Keras has no keras.optimizers.MultiOptimizer")
     model = make()
     optimizer_map = K.OptimizerMap(default_optimizer=K.SGD(0.1), optimizer_map={"a/.*": K.AdamW(0.1, weight_decay=0.1)})
-    model.compile(optimizer=multi(optimizer_map), loss="mse")
+    model.compile(optimizer=K.MultiOptimizer(optimizer_map), loss="mse")
     fit(model)
     d = found(diagnose(model, ["a/kernel", "b/kernel"]))
     assert d == {("a/kernel", "gradient"): 12, ("a/kernel", "moments"): 12, ("a/kernel", "weight_decay"): 12,
                  ("b/kernel", "gradient"): 4}
 
 
-@needs_get_mask
 def test_real_masked_optimizer_clean_diagnosis_means_nothing_moves():
     model = make(constraint=keras.constraints.NonNeg())
     inner = K.AdamW(0.1, weight_decay=0.1, use_ema=True, ema_overwrite_frequency=2)
@@ -359,7 +348,6 @@ def test_real_masked_optimizer_clean_diagnosis_means_nothing_moves():
     np.testing.assert_array_equal(before[0], kernel.numpy()[0])
 
 
-@needs_get_mask
 def test_real_masked_optimizer_holds_entries_even_after_trainable_changed():
     model = make()
     opt = masked_module.MaskedOptimizer(K.Adam(0.1), policy="hold")

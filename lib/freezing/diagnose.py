@@ -18,6 +18,7 @@ import keras
 import numpy as np
 
 from freezing import masked_optimizer
+from freezing._wrappers import wrapper_chain
 from freezing.selection import variable_path
 from freezing.slots import slot_initial_value, slots
 
@@ -177,16 +178,10 @@ def _targets(model: Any, frozen: Any) -> list[tuple[Any, np.ndarray]]:
 
 
 def _chain(optimizer: Any) -> tuple[Any, Any]:
-    """Return (the innermost Keras optimizer, the MaskedOptimizer with get_mask in the chain or None)."""
-    masked_type = getattr(masked_optimizer, "MaskedOptimizer", None)  # read now: the class may be replaced
-    masked = None
-    while True:
-        if masked_type is not None and isinstance(optimizer, masked_type) and hasattr(optimizer, "get_mask"):
-            masked = masked or optimizer
-        inner = getattr(optimizer, "inner", None) or getattr(optimizer, "inner_optimizer", None)
-        if inner is None:
-            return optimizer, masked
-        optimizer = inner
+    """Return (the innermost Keras optimizer, the MaskedOptimizer in the chain or None)."""
+    masked_type = masked_optimizer.MaskedOptimizer  # read now, not at import: a test replaces the class
+    chain = wrapper_chain(optimizer)
+    return chain[-1], next((o for o in chain if isinstance(o, masked_type)), None)
 
 
 def _moved_by_moments(opt: Any, v: Any) -> np.ndarray | bool:

@@ -61,6 +61,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from freezing._wrappers import wrapper_chain
 from freezing.selection import variable_path
 from freezing.slots import slot_initial_value, slots
 from freezing.validation import check_choice
@@ -95,14 +96,13 @@ class _Target:
 
 def _leaves(optimizer: keras.optimizers.Optimizer) -> list[keras.optimizers.Optimizer]:
     """The optimizers that actually write variables, looking through LossScale and Multi optimizers."""
-    if isinstance(optimizer, MaskedOptimizer):
+    chain = wrapper_chain(optimizer)
+    if any(isinstance(o, MaskedOptimizer) for o in chain):
         raise ValueError("MaskedOptimizer: the inner optimizer is itself a MaskedOptimizer; wrap the plain one once")
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        return _leaves(optimizer.inner_optimizer)
     multi = getattr(keras.optimizers, "MultiOptimizer", None)
-    if multi is not None and isinstance(optimizer, multi):
-        return [leaf for sub in optimizer.optimizers for leaf in _leaves(sub)]
-    return [optimizer]
+    if multi is not None and isinstance(chain[-1], multi):
+        return [leaf for sub in chain[-1].optimizers for leaf in _leaves(sub)]
+    return [chain[-1]]
 
 
 def _refuse_distribution(where: str) -> None:

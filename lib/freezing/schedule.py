@@ -14,6 +14,7 @@ from typing import Any
 
 import keras
 
+from freezing._wrappers import wrapper_chain
 from freezing.masked_optimizer import MaskedOptimizer
 
 Stage = Mapping[Any, Any]
@@ -23,9 +24,7 @@ Stage = Mapping[Any, Any]
 
 def _find_masked(optimizer: Any) -> MaskedOptimizer:
     """The MaskedOptimizer inside ``optimizer`` (compile may wrap it in a LossScaleOptimizer)."""
-    seen = optimizer
-    while seen is not None and not isinstance(seen, MaskedOptimizer):
-        seen = getattr(seen, "inner_optimizer", None)
+    seen = next((o for o in wrapper_chain(optimizer) if isinstance(o, MaskedOptimizer)), None)
     if seen is None:
         raise ValueError(
             f"MaskSchedule: the model's optimizer is {type(optimizer).__name__}; compile the model with "

@@ -17,16 +17,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from freezing._wrappers import unwrap
 from freezing.selection import variable_path
-
-
-def _unwrap(optimizer: Any) -> Any:
-    """Look through wrappers (MaskedOptimizer.inner, LossScaleOptimizer.inner_optimizer)."""
-    while True:
-        inner = getattr(optimizer, "inner", None) or getattr(optimizer, "inner_optimizer", None)
-        if inner is None:
-            return optimizer
-        optimizer = inner
 
 
 def _keras_slot_lists(optimizer: keras.optimizers.Optimizer) -> dict[str, Sequence[Any]]:
@@ -102,7 +94,7 @@ def slots(optimizer: Any, variable: Any) -> dict[str, Any]:
         >>> slots(adam, w)["momentum"].numpy().round(4).tolist()
         [0.1, -0.1]
     """
-    optimizer = _unwrap(optimizer)
+    optimizer = unwrap(optimizer)
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         found = {name: optimizer.get_slot(variable, name) for name in optimizer.get_slot_names()}
         return {name: slot for name, slot in found.items() if slot is not None}
@@ -139,7 +131,7 @@ def slot_initial_value(optimizer: Any, slot_name: str) -> float:
         >>> slot_initial_value(tf.compat.v1.train.RMSPropOptimizer(0.1), "rms")
         1.0
     """
-    optimizer = _unwrap(optimizer)
+    optimizer = unwrap(optimizer)
     if slot_name == "rms" and isinstance(optimizer, tf.compat.v1.train.RMSPropOptimizer):
         return 1.0  # TF1's RMSProp initializes its mean square with ones, not zeros
     if slot_name == "gradient_squared_accumulator" and hasattr(

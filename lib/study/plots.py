@@ -107,33 +107,59 @@ def prediction_vs_measurement(prediction: pd.DataFrame) -> plt.Figure:
 SMOOTH = 5
 """Logged loss values averaged into each plotted point (a centred rolling mean): the raw curves of nine methods
 are too noisy to tell apart."""
+GATED_METHODS = ("random_gate", "random_gate_masked", "gate_d_only", "gate_g_only")
+"""The study-03 methods that draw a random gate; ``gan_losses`` gives them their own row of panels."""
 
 
 def gan_losses(logs: pd.DataFrame) -> plt.Figure:
-    """D and G loss against iteration, mean over seeds, smoothed (``SMOOTH``); a panel per optimizer x network. ``gan_losses(logs)``"""
+    """D and G loss against iteration, mean over seeds, smoothed (``SMOOTH``). ``gan_losses(logs)``
+
+    A row per optimizer x method group (methods that train whole networks; the random gates, with
+    ``two_optimizers`` as a grey reference), a column per network. A method whose curve is identical to one
+    already drawn in the panel is not drawn again: its name joins that line's label (``a = b``).
+    """
     optimizers = list(dict.fromkeys(logs["optimizer"]))
     methods = list(dict.fromkeys(logs["method"]))
-    colours = dict(zip(methods, plt.get_cmap("tab10").colors))
-    fig, axes = plt.subplots(len(optimizers), 2, figsize=(12, 2.9 * len(optimizers) + 0.8), squeeze=False,
+    gated = [m for m in methods if m in GATED_METHODS]
+    groups = [("whole networks", [m for m in methods if m not in GATED_METHODS]),
+              ("random gates", (["two_optimizers"] if "two_optimizers" in methods else []) + gated)]
+    groups = [(title, members) for title, members in groups if set(members) - {"two_optimizers"} or title == "whole networks"]
+    palette = [c for k, c in enumerate(plt.get_cmap("tab10").colors) if k != 7]  # grey is the reference's
+    colours = dict(zip(methods, palette * 2))
+    styles = ["-", "--", "-.", ":"]
+    rows = [(name, title, members) for name in optimizers for title, members in groups]
+    fig, axes = plt.subplots(len(rows), 2, figsize=(12, 2.5 * len(rows) + 0.8), squeeze=False,
                              sharex=True, sharey=True, layout="constrained")
-    for i, name in enumerate(optimizers):
+    for i, (name, title, members) in enumerate(rows):
         for j, loss in enumerate(("d_loss", "g_loss")):
             ax = axes[i, j]
-            for method in methods:
-                rows = logs[(logs["optimizer"] == name) & (logs["method"] == method)]
-                curve = rows.groupby("iteration")[loss].mean().rolling(SMOOTH, min_periods=1, center=True).mean()
-                ax.plot(curve.index, curve.values, label=method, lw=1.1, color=colours[method])
+            drawn: list[tuple[list[str], np.ndarray, pd.Series]] = []
+            for method in members:
+                rows_ = logs[(logs["optimizer"] == name) & (logs["method"] == method)]
+                if rows_.empty:
+                    continue
+                curve = rows_.groupby("iteration")[loss].mean().rolling(SMOOTH, min_periods=1, center=True).mean()
+                same = next((d for d in drawn if np.array_equal(d[1], curve.to_numpy())), None)
+                if same is not None:
+                    same[0].append(method)
+                else:
+                    drawn.append(([method], curve.to_numpy(), curve))
+            for k, (names, _, curve) in enumerate(drawn):
+                reference = title == "random gates" and names[0] == "two_optimizers"
+                ax.plot(curve.index, curve.values, label=" = ".join(names) + (" (reference)" if reference else ""),
+                        lw=1.6 if reference else 1.2, color="0.6" if reference else colours[names[0]],
+                        ls="-" if reference else styles[k % len(styles)])
             ax.axhline(2 * np.log(2) if j == 0 else np.log(2), color="k", lw=0.7, ls=":")
-            ax.set_title(f"{name}: {'discriminator' if j == 0 else 'generator'} loss"
-                         + (" (dotted: 2 ln 2, a D that cannot tell)" if j == 0 else " (dotted: ln 2)"), fontsize=10)
-            if i == len(optimizers) - 1:
+            ax.set_title(f"{name}, {title}: {'discriminator' if j == 0 else 'generator'} loss"
+                         + (" (dotted: 2 ln 2)" if j == 0 else " (dotted: ln 2)"), fontsize=9)
+            if i == len(rows) - 1:
                 ax.set_xlabel("iteration")
             if j == 0:
-                ax.set_ylabel("binary cross-entropy (nats)")
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(methods), 5), fontsize=8, frameon=False)
+                ax.set_ylabel("BCE (nats)")
+                ax.legend(fontsize=7, loc="upper right", ncol=2 if len(drawn) > 3 else 1, framealpha=0.8)
     fig.suptitle(f"Losses, mean over {logs['seed'].nunique()} seed(s), each point the mean of {SMOOTH} logged values "
-                 "around it; lines of runs with identical updates lie on top of each other", fontsize=10)
+                 "around it; methods with identical curves share one line (a = b).\nDotted: the losses of a D that "
+                 "cannot tell real from fake", fontsize=9)
     return fig
 
 
@@ -239,71 +265,4 @@ def bias_correction_ratio(effect: pd.DataFrame, beta_1: float = 0.5, beta_2: flo
            title=f"One Adam for D and G (β₁ = {beta_1}): G's step size relative to G's own optimizer")
     ax.set_xticks(ticks, [str(x) for x in ticks])
     ax.legend(fontsize=8)
-    return fig
-
-
-def fetch_cost_bars(table: pd.DataFrame) -> plt.Figure:
-    """ms to get every gradient, per mode and method, with the ratio to one pass written on the bar. ``fetch_cost_bars(t)``"""
-    fig, ax = plt.subplots(figsize=(10, 3.8))
-    labels = [f"{m}\n{meth}" for m, meth in zip(table["mode"], table["method"])]
-    bars = ax.barh(range(len(table)), table["ms"], color=[f"C{i}" for i in pd.factorize(table["mode"])[0]])
-    for bar, ratio in zip(bars, table["ratio_to_one_pass"]):
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {ratio:.2f}×", va="center", fontsize=8)
-    ax.set_yticks(range(len(table)), labels, fontsize=7)
-    ax.invert_yaxis()
-    ax.set(xlabel="ms for all gradients of the Deep MNIST CNN (median)", title="One pass vs one per variable")
-    fig.tight_layout()
-    return fig
-
-
-def quadratic_trace(trace: pd.DataFrame) -> plt.Figure:
-    """x and dy/dx of the seed's quadratic against step (what TensorBoard shows). ``quadratic_trace(t)``"""
-    fig, ax = plt.subplots(figsize=(6.5, 3.2))
-    ax.plot(trace["step"], trace["x"], label="x")
-    ax.plot(trace["step"], trace["dy_dx"], label="dy/dx")
-    ax.axhline(0, color="k", lw=0.6)
-    ax.set(xlabel="step", title="y = 0.5 (x - b)²: compute → T(g) = decay·g → apply")
-    ax.legend()
-    fig.tight_layout()
-    return fig
-
-
-def ps_curves(runs: dict[int, dict]) -> plt.Figure:
-    """Accuracy against wall time and against applied updates, one line per worker count. ``ps_curves({1: r})``"""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
-    for workers, result in runs.items():
-        curve = pd.DataFrame(result["curve"])
-        left.plot(curve["seconds"], curve["accuracy"], marker=".", label=f"{workers} worker(s)")
-        right.plot(curve["applied_updates"], curve["accuracy"], marker=".", label=f"{workers} worker(s)")
-    left.set(xlabel="wall time (s)", ylabel="test accuracy", title="Asynchronous Downpour SGD")
-    right.set(xlabel="applied updates", title="per update")
-    left.legend()
-    fig.tight_layout()
-    return fig
-
-
-def staleness_histograms(runs: dict[int, dict]) -> plt.Figure:
-    """Measured staleness of every applied gradient, one panel per worker count. ``staleness_histograms({2: r})``"""
-    fig, axes = plt.subplots(1, len(runs), figsize=(3.6 * len(runs), 3.0), squeeze=False, sharey=True)
-    for ax, (workers, result) in zip(axes[0], runs.items()):
-        values = np.asarray(result["staleness"])
-        ax.bar(*np.unique(values, return_counts=True))
-        ax.set(title=f"{workers} worker(s): mean {values.mean():.2f}", xlabel="staleness (updates)")
-    axes[0, 0].set_ylabel("applied gradients")
-    fig.tight_layout()
-    return fig
-
-
-def staleness_accuracy(rows: pd.DataFrame) -> plt.Figure:
-    """Test accuracy against the delay tau, a line per learning rate, a panel per optimizer. ``staleness_accuracy(r)``"""
-    optimizers = list(dict.fromkeys(rows["optimizer"]))
-    fig, axes = plt.subplots(1, len(optimizers), figsize=(4.2 * len(optimizers), 3.4), squeeze=False, sharey=True)
-    for ax, name in zip(axes[0], optimizers):
-        for lr, group in rows[rows["optimizer"] == name].groupby("learning_rate"):
-            stats = group.groupby("tau")["accuracy"].agg(["mean", "std"])
-            ax.errorbar(stats.index, stats["mean"], yerr=stats["std"].fillna(0), marker="o", capsize=3, label=f"lr {lr:g}")
-        ax.set(xscale="symlog", xlabel="tau (updates late)", title=name)
-        ax.legend(fontsize=8)
-    axes[0, 0].set_ylabel("test accuracy")
-    fig.tight_layout()
     return fig

@@ -27,22 +27,7 @@ def mnist_mlp(hidden: int = 128, batch_norm: bool = True) -> keras.Model:
     return keras.Model(inputs, keras.layers.Dense(10, name="fc2")(h), name="mnist_mlp")
 
 
-def small_cnn(filters: int = 8) -> keras.Model:
-    """A small CNN (conv 3x3, pool, dense) for quick runs. ``small_cnn(8)``"""
-    return keras.Sequential([
-        keras.Input((28, 28, 1)),
-        keras.layers.Conv2D(filters, 3, activation="relu", name="conv1"),
-        keras.layers.MaxPooling2D(2, name="pool1"),
-        keras.layers.Flatten(name="flatten"),
-        keras.layers.Dense(10, name="fc"),
-    ], name="small_cnn")
-
-
 def decay(g: tf.Tensor, factor: float = 0.5) -> tf.Tensor:
     """The seed's transform ``T(g) = factor * g``. ``decay(tf.ones(2), 0.5)``"""
     return factor * g
 
-
-def clip_by_norm(g: tf.Tensor, max_norm: float = 1.0) -> tf.Tensor:
-    """Clip each pushed gradient to L2 norm ``max_norm``. ``clip_by_norm(tf.ones(4), 1.0)``"""
-    return tf.clip_by_norm(g, max_norm)

@@ -93,9 +93,13 @@ def pruning(runs: pd.DataFrame) -> plt.Figure:
                 ylim=(-5, 100))
         bottom.set(xlabel="target sparsity of fc1 (%)", ylabel="test accuracy (fraction)",
                    title=f"{name}: accuracy after fine-tuning")
-        top.legend(fontsize=8)
-        bottom.legend(fontsize=8)
-    fig.tight_layout()
+    legend = {}  # one legend for all panels, below them: inside a panel it covered the error bars
+    for ax in axes[:, 0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    fig.legend(list(legend.values()), list(legend.keys()), loc="lower center", ncol=len(legend), fontsize=8,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     return fig
 
 
@@ -110,8 +114,10 @@ def unfreezing(curves: pd.DataFrame, every: int, layers: Sequence[str]) -> plt.F
     first = curves[curves["seed"] == curves["seed"].min()].copy()
     first["t"] = first["epoch"] + np.where(first["when"] == "end", 1.0, 0.0)
     for method, g in first.groupby("method", sort=False):
-        mom_ax.plot(g["t"], g["momentum_norm"], marker=".", color=COLOURS.get(method), label=_label(method),
-                    drawstyle="default", alpha=0.8)
+        same = method == "recompile_same"  # one stage only (it raises at the next): drawn on top, or it is hidden
+        mom_ax.plot(g["t"], g["momentum_norm"], marker="s" if same else ".", ms=7 if same else 6,
+                    ls="--" if same else "-", zorder=3 if same else 2, color=COLOURS.get(method),
+                    label=_label(method) + (" (raised at the next stage)" if same else ""), alpha=0.8)
     stages = len(layers)
     for ax in (acc_ax, mom_ax):
         ax.xaxis.get_major_locator().set_params(integer=True)

@@ -223,3 +223,45 @@ def format_mean_std(mean: float, std: float, digits: int = 3) -> str:
     if std != std:  # a single seed: no spread to show
         return f"{mean:.{digits}g}"
     return f"{mean:.{digits}g} ± {std:.2g}"
+
+
+def format_count(mean: float, std: float) -> str:
+    """A count as ``mean ± std`` with thousands separators. ``format_count(52094.7, 1.2) == "52,095 ± 1"``"""
+    if std != std:
+        return f"{mean:,.0f}"
+    return f"{mean:,.0f} ± {std:,.0f}"
+
+
+def display_table(summary: pd.DataFrame, values: Sequence[str] | Mapping[str, str], index: Sequence[str],
+                  counts: Sequence[str] | Mapping[str, str] | None = (),
+                  names: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """A readable table from a per-group summary with ``<value>_mean``/``_std`` (and ``_min``/``_max``) columns.
+
+    ``values`` are shown as 'mean ± std', in order: a list of columns, or a mapping column -> heading.
+    ``counts`` holds whole numbers: a list names columns of ``values`` shown as 'mean ± std' with thousands
+    separators; a mapping column -> heading adds columns shown as their range over seeds, 'min-max' (one number
+    when every seed agrees). ``names`` renames columns at the end.
+    ``display_table(s, {"acc_new": "accuracy"}, ["method"], {"moved": "entries moved"})``;
+    ``display_table(s, ["acc", "changed"], ["method"], counts=["changed"], names={"acc": "accuracy"})``
+    """
+    out = summary[list(index)].copy()
+    headings = dict(values) if isinstance(values, Mapping) else {v: v for v in values}
+    whole = set() if isinstance(counts, Mapping) else set(counts or ())
+    for value, heading in headings.items():
+        pairs = zip(summary[f"{value}_mean"], summary[f"{value}_std"])
+        out[heading] = [(format_count if value in whole else format_mean_std)(m, s) for m, s in pairs]
+    for value, heading in (counts.items() if isinstance(counts, Mapping) else ()):
+        lo, hi = summary[f"{value}_min"], summary[f"{value}_max"]
+        out[heading] = [f"{int(a):,}" if a == b else f"{int(a):,}-{int(b):,}" for a, b in zip(lo, hi)]
+    return out.set_index(list(index)).rename(columns=dict(names or {}))
+
+
+def read_json(path: str | Path, default: Any = None) -> Any:
+    """The JSON in ``path``, or ``default`` when the file is missing or not valid JSON (a run still writing it).
+
+    ``read_json(out / "metrics.json", {})``
+    """
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return default

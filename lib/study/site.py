@@ -10,13 +10,12 @@ after every notebook; ``python -m study.site results`` rebuilds it from what is 
 from __future__ import annotations
 
 import html
-import json
 import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from study.reporting import atomic_write, figure_captions
+from study.reporting import atomic_write, figure_captions, read_json
 
 INDEX = "index.html"
 
@@ -47,13 +46,6 @@ def _url(*parts: str) -> str:
 
 def _e(text: Any) -> str:
     return html.escape(str(text), quote=True)
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 def study_title(folder: Path, name: str, entry: dict[str, Any] | None = None) -> str:
@@ -125,7 +117,7 @@ def _study_section(out: Path, name: str, entry: dict[str, Any]) -> str:
     if links:
         parts.append(f'<p class="links">{"".join(links)}</p>')
 
-    metrics = _read_json(folder / "metrics.json")
+    metrics = read_json(folder / "metrics.json")
     headline = metrics.get("headline") if isinstance(metrics, dict) else None
     if isinstance(headline, dict) and headline:
         rows = "\n".join(f'<tr><td>{_e(k)}</td><td class="value">{_e(v)}</td></tr>' for k, v in headline.items())
@@ -155,7 +147,7 @@ def _study_section(out: Path, name: str, entry: dict[str, Any]) -> str:
 def render_index(out: Path) -> str:
     """The HTML of ``out/index.html`` (see the module docstring)."""
     out = Path(out)
-    manifest = _read_json(out / "manifest.json")
+    manifest = read_json(out / "manifest.json")
     manifest = manifest if isinstance(manifest, dict) else {}
     names = list(manifest)
     sections = [_study_section(out, name, manifest.get(name) or {}) for name in names]

@@ -1,0 +1,224 @@
+"""Study 02: the summaries over seeds, the display tables and the SUMMARY.md headline."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from study.reporting import format_count, format_mean_std
+from study.cnn_finetune import FINETUNE_RUN_COLUMNS
+from study.cnn_masks import STEP_COLUMNS, run_keys
+from study.cnn_setup import CnnStudyConfig
+
+
+# -- summaries ----------------------------------------------------------------------------------------
+FINETUNE_SUMMARY_COLUMNS = {
+    "optimizer": FINETUNE_RUN_COLUMNS["optimizer"],
+    "method": FINETUNE_RUN_COLUMNS["method"],
+    **{f"{value}_{stat}": f"{'mean' if stat == 'mean' else 'standard deviation'} over seeds of {value}: "
+       f"{FINETUNE_RUN_COLUMNS[value]}"
+       for value in ("acc_new", "acc_old", "conv_max_abs_delta", "conv_changed_entries", "step_time_ms")
+       for stat in ("mean", "std")},
+    "seeds": "number of seeds (runs) averaged (count)",
+}
+
+
+def finetune_summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """Mean ± std over seeds per optimizer x method. ``finetune_summary(finetune_study(cfg, data))``"""
+    values = ("acc_new", "acc_old", "conv_max_abs_delta", "conv_changed_entries", "step_time_ms")
+    aggs = {f"{v}_{stat}": (v, stat) for v in values for stat in ("mean", "std")}
+    return rows.groupby(["optimizer", "method"], sort=False).agg(**aggs, seeds=("seed", "nunique")).reset_index()
+
+
+_RUN_VALUES = {
+    "accuracy": "test accuracy after the last step (fraction of the first eval_samples test images, 0-1)",
+    "frozen_changed_total": "frozen entries changed, summed over all steps of the run (count of entry-steps)",
+    "frozen_entries_total": "entries frozen, summed over all steps of the run (count of entry-steps)",
+    "frozen_max_abs_delta": "max over the run's steps of the max |ΔW| of an entry frozen in that step (weight units)",
+    "step_time_ms": "median wall time of one step, step 1 (tracing) left out (ms)",
+}
+MASKED_SUMMARY_COLUMNS = {
+    "optimizer": STEP_COLUMNS["optimizer"],
+    "method": STEP_COLUMNS["method"],
+    "p": STEP_COLUMNS["p"],
+    **{f"{value}_{stat}": f"{'mean' if stat == 'mean' else 'standard deviation'} over seeds of: {text}"
+       for value, text in _RUN_VALUES.items() for stat in ("mean", "std")},
+    "seeds": "number of seeds (runs) averaged (count)",
+}
+
+
+def masked_runs(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per run of a steps table: final accuracy, frozen entries changed over all steps, worst |ΔW|, step time."""
+    keys = run_keys(table)
+    if table.empty:
+        return pd.DataFrame(columns=[*keys, *_RUN_VALUES])
+    runs = table.groupby(keys, sort=False, dropna=False)  # rows are in step order within each run
+    later = table[table["step"] > 1].groupby(keys, sort=False, dropna=False)["step_time_ms"].median()
+    out = pd.DataFrame({
+        "accuracy": runs["accuracy"].last(),  # last evaluated step, which is always the final step
+        "frozen_changed_total": runs["frozen_changed"].sum(),
+        "frozen_entries_total": runs["frozen_entries"].sum(),
+        "frozen_max_abs_delta": runs["frozen_max_abs_delta"].max(),
+        "step_time_ms": later.reindex(runs.size().index).fillna(runs["step_time_ms"].median()),
+    })
+    return out.reset_index()
+
+
+def masked_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per optimizer x method (x p): each run value's mean and std over seeds. ``masked_summary(mask_study(...))``
+
+    Grouping never drops a group (``dropna=False``), and a study without ``p`` (blocks) has no ``p`` column.
+    """
+    runs = masked_runs(table)
+    keys = [k for k in run_keys(table) if k != "seed"]
+    aggs = {f"{v}_{stat}": (v, stat) for v in _RUN_VALUES for stat in ("mean", "std")}
+    out = runs.groupby(keys, sort=False, dropna=False).agg(**aggs, seeds=("seed", "nunique")).reset_index()
+    order = [k for k in ("optimizer", "p", "method") if k in out.columns]  # optimizer, then p, then method
+    rank = {k: {v: i for i, v in enumerate(dict.fromkeys(out[k]))} for k in ("optimizer", "method")}
+    return out.sort_values(order, key=lambda c: c.map(rank[c.name]) if c.name in rank else c,
+                           kind="stable").reset_index(drop=True)
+
+
+def formatted(table: pd.DataFrame, formats: Mapping[str, str], index: Sequence[str] = ()) -> pd.DataFrame:
+    """``table`` with the columns in ``formats`` as text (``"{:+.3f}"`` style), for display. ``formatted(t, {"a": "{:.1f}"})``"""
+    out = table.copy()
+    for column, spec in formats.items():
+        out[column] = [spec.format(v) if v == v else "" for v in out[column]]
+    return out.set_index(list(index)) if index else out
+
+
+def config_table(config: CnnStudyConfig) -> pd.DataFrame:
+    """The resolved parameters, one row each, as text; learning rates only of the optimizers used. ``config_table(cfg)``"""
+    values = config.plain()
+    used = {*config.finetune_optimizers, *config.mask_optimizers, *config.block_optimizers}
+    values["learning_rates"] = {k: v for k, v in config.learning_rates.items() if k in used}
+
+    def text(v: Any) -> str:
+        if isinstance(v, dict):
+            return ", ".join(f"{k} {x:g}" for k, x in v.items())
+        if isinstance(v, (list, tuple)):
+            return ", ".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v)
+        return str(v)
+
+    return pd.DataFrame({"value": [text(v) for v in values.values()]}, index=pd.Index(list(values), name="parameter"))
+
+
+def workload(config: CnnStudyConfig) -> pd.DataFrame:
+    """Training runs and steps of each experiment: the work the study does, whatever the machine. ``workload(cfg)``"""
+    n = len(config.seeds)
+    rows = [("pretraining (fit, digits 0-4)", len(config.finetune_optimizers) * n, config.pretrain_steps),
+            ("1. fine-tuning", len(config.finetune_optimizers) * len(config.finetune_methods) * n, config.finetune_steps),
+            ("2. per-element masks", len(config.mask_optimizers) * len(config.mask_methods) * len(config.p_values) * n,
+             config.mask_steps),
+            ("3. blocks", len(config.block_optimizers) * len(config.mask_methods) * n, config.block_steps)]
+    table = pd.DataFrame(rows, columns=["experiment", "runs", "steps per run"])
+    table["steps"] = table["runs"] * table["steps per run"]
+    total = pd.DataFrame([{"experiment": "total", "runs": table["runs"].sum(), "steps per run": "",
+                           "steps": table["steps"].sum()}])
+    return pd.concat([table, total], ignore_index=True).set_index("experiment")
+
+
+HOLD_VS_RESET_COLUMNS = {
+    "optimizer": STEP_COLUMNS["optimizer"],
+    "p": STEP_COLUMNS["p"],
+    "hold": "final test accuracy with policy hold, mean over seeds (fraction, 0-1)",
+    "reset": "final test accuracy with policy reset, mean over seeds (fraction, 0-1)",
+    "difference": "hold minus reset (fraction, -1 to 1)",
+    "spread": "the larger of the two standard deviations over seeds (fraction)",
+    "differs": "whether |difference| > 2 x spread (empty with fewer than 2 seeds)",
+}
+
+
+def hold_vs_reset(summary: pd.DataFrame) -> pd.DataFrame:
+    """Accuracy of hold minus reset per optimizer and p, with the seeds' spread. ``hold_vs_reset(masked_summary(t))``"""
+    index = [k for k in ("optimizer", "p") if k in summary.columns]
+    pivot = summary.pivot_table(index=index, columns="method",
+                                values=["accuracy_mean", "accuracy_std", "seeds"], dropna=False)
+    if "hold" not in pivot["accuracy_mean"] or "reset" not in pivot["accuracy_mean"]:
+        return pd.DataFrame(columns=[*index, *list(HOLD_VS_RESET_COLUMNS)[2:]])
+    out = pd.DataFrame({
+        "hold": pivot["accuracy_mean"]["hold"], "reset": pivot["accuracy_mean"]["reset"],
+        "difference": pivot["accuracy_mean"]["hold"] - pivot["accuracy_mean"]["reset"],
+        "spread": np.maximum(pivot["accuracy_std"]["hold"], pivot["accuracy_std"]["reset"]),
+    })
+    enough = pivot["seeds"][["hold", "reset"]].min(axis=1) >= 2  # a spread needs two seeds at least
+    out["differs"] = (out["difference"].abs() > 2 * out["spread"]).where(enough)
+    return out.reset_index()
+
+
+NAIVE_VS_EXACT_COLUMNS = {
+    "optimizer": STEP_COLUMNS["optimizer"],
+    "p": STEP_COLUMNS["p"],
+    "naive accuracy": "final test accuracy of the naive mask, mean ± std over seeds (fraction, 0-1)",
+    "hold accuracy": "final test accuracy with MaskedOptimizer(hold), mean ± std over seeds (fraction, 0-1)",
+    "naive minus hold": "difference of the means (fraction, -1 to 1); positive: the drifting mask scored higher",
+    "frozen entries the naive mask moved": "frozen entries changed / entries frozen, summed over all steps "
+                                           "(fraction, 0-1; mean over seeds)",
+    "naive step time (ms)": "median wall time of one naive step, mean over seeds (ms)",
+    "hold step time (ms)": "median wall time of one hold step, mean over seeds (ms)",
+}
+
+
+def naive_vs_exact(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per optimizer and p: what the drifting naive mask gains in accuracy, how much it moved, what exactness costs.
+
+    ``naive_vs_exact(masked_summary(mask_study(cfg, data)))``; columns as ``NAIVE_VS_EXACT_COLUMNS``.
+    """
+    rows = []
+    index = [k for k in ("optimizer", "p") if k in summary.columns]
+    for key, group in summary.groupby(index, sort=False, dropna=False):
+        by = group.set_index("method")
+        if not {"naive", "hold"} <= set(by.index):
+            continue
+        naive, hold = by.loc["naive"], by.loc["hold"]
+        row = dict(zip(index, key if isinstance(key, tuple) else (key,)))
+        row.update({
+            "naive accuracy": format_mean_std(naive["accuracy_mean"], naive["accuracy_std"]),
+            "hold accuracy": format_mean_std(hold["accuracy_mean"], hold["accuracy_std"]),
+            "naive minus hold": naive["accuracy_mean"] - hold["accuracy_mean"],
+            "frozen entries the naive mask moved": naive["frozen_changed_total_mean"]
+            / max(naive["frozen_entries_total_mean"], 1.0),
+            "naive step time (ms)": naive["step_time_ms_mean"],
+            "hold step time (ms)": hold["step_time_ms_mean"],
+        })
+        rows.append(row)
+    return pd.DataFrame(rows, columns=[*index, *list(NAIVE_VS_EXACT_COLUMNS)[2:]])
+
+
+def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame, masks: pd.DataFrame,
+             blocks: pd.DataFrame, source: str) -> dict[str, str]:
+    """The numbers ``results/SUMMARY.md`` shows: every section, every optimizer and method, mean ± std over seeds.
+
+    ``headline(cfg, finetune_summary(f), traps, masked_summary(m), masked_summary(b), data.source)``. Keys name
+    their units; step times sit under keys containing "time" (left out when reruns are compared).
+    """
+    seeds = len(config.seeds)
+    out = {"data": source, "seeds per row": str(seeds)}
+    for r in finetune.itertuples():
+        out[f"fine-tune {r.optimizer}/{r.method}: test accuracy on digits 5-9 (fraction) / "
+            f"frozen conv entries changed at the end (count)"] = \
+            f"{format_mean_std(r.acc_new_mean, r.acc_new_std)} / {format_count(r.conv_changed_entries_mean, r.conv_changed_entries_std)}"
+    for name, group in finetune.groupby("optimizer", sort=False):
+        out[f"fine-tune {name}: step time (ms), " + " / ".join(group["method"])] = \
+            " / ".join(f"{t:.1f}" for t in group["step_time_ms_mean"])
+    if len(traps):
+        wrong = int(((traps["trained"] == True) & (traps["layer 'a' should"] == "stay")).sum()  # noqa: E712
+                    + ((traps["trained"] == False) & (traps["layer 'a' should"] == "train")).sum()  # noqa: E712
+                    + (traps["error"] != "").sum())
+        out[f"Keras trainable traps: scenarios that did not do what the flag says (of {len(traps)})"] = str(wrong)
+    for r in masks.itertuples():
+        out[f"masks p={r.p:g} {r.optimizer}/{r.method}: final test accuracy (fraction) / frozen entries "
+            f"changed, summed over {config.mask_steps} steps (count)"] = \
+            f"{format_mean_std(r.accuracy_mean, r.accuracy_std)} / {format_count(r.frozen_changed_total_mean, r.frozen_changed_total_std)}"
+    for name, group in masks.groupby("optimizer", sort=False):
+        methods = list(dict.fromkeys(group["method"]))
+        times = group.groupby("method", sort=False)["step_time_ms_mean"].mean()
+        out[f"masks {name}: step time (ms), " + " / ".join(methods)] = " / ".join(f"{times[m]:.1f}" for m in methods)
+    for r in blocks.itertuples():
+        out[f"blocks {r.optimizer}/{r.method}: final test accuracy (fraction) / resting entries changed, "
+            f"summed over {config.block_steps} steps (count)"] = \
+            f"{format_mean_std(r.accuracy_mean, r.accuracy_std)} / {format_count(r.frozen_changed_total_mean, r.frozen_changed_total_std)}"
+    return out

@@ -1,0 +1,158 @@
+"""Study 05, recipe 2: magnitude-prune ``fc1`` of the Deep MNIST CNN, then fine-tune with the dense run's
+Adam/AdamW state, keeping the pruned weights at zero."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import keras
+import numpy as np
+import pandas as pd
+
+import freezing
+from freezing._wrappers import unwrap
+from freezing.determinism import enable_determinism
+from freezing.masked_optimizer import MaskedOptimizer
+from freezing.slots import slots
+from freezing.validation import check_range
+from study.data import MnistSplits
+from study.models import deep_mnist_cnn
+from study.optimizers import make_optimizer
+from study.training import LOSS, StepTimer, accuracy, median_ms, restore, snapshot
+from study.recipes.setup import (
+    CopyBack, PRUNED_LAYER, PRUNE_METHODS, RecipesConfig, StudyResult, _POLICY, _diagnosis_rows, _digest,
+    _fit_steps, _momentum_nonzero, _moved,
+)
+
+
+def magnitude_mask(weights: np.ndarray, sparsity: float) -> np.ndarray:
+    """Keep-mask of magnitude pruning: False for exactly ``round(sparsity * size)`` smallest ``|w|``.
+
+    ``magnitude_mask(np.array([3., -1., 2., .5]), 0.5).tolist() == [True, False, True, False]``
+    """
+    check_range("sparsity", sparsity, 0.0, 1.0)
+    flat = np.abs(np.asarray(weights)).ravel()
+    pruned = int(round(sparsity * flat.size))
+    keep = np.ones(flat.size, bool)
+    if pruned:
+        keep[np.argpartition(flat, pruned - 1)[:pruned]] = False
+    return keep.reshape(np.shape(weights))
+
+
+# -- 2. pruned weights stay zero --------------------------------------------------------------------
+@dataclass
+class CnnState:
+    """The Deep MNIST CNN after dense training with Adam: all its variables and Adam's state."""
+
+    seed: int
+    variables: list[np.ndarray]
+    slots: dict[str, dict[str, np.ndarray]]
+    iterations: int
+    accuracy: float
+    step_time_ms: float
+
+
+def _eval_cnn(model: keras.Model, data: MnistSplits, n: int) -> float:
+    return accuracy(model, data.x_test[:n], data.y_test[:n])
+
+
+def pretrain_cnns(config: RecipesConfig, data: MnistSplits) -> dict[int, CnnState]:
+    """Per seed: dense training of the Deep MNIST CNN on all digits with Adam; keep weights and Adam state. ``pretrain_cnns(cfg, data)``"""
+    model = deep_mnist_cnn()
+    opt = make_optimizer("adam", config.learning_rate)
+    model.compile(optimizer=opt, loss=LOSS)
+    opt.build(model.trainable_variables)
+    opt_init = snapshot(opt.variables)
+    out = {}
+    for seed in config.seeds:
+        enable_determinism(seed)
+        restore(model.variables, snapshot(deep_mnist_cnn().variables))  # this seed's init and dropout stream
+        restore(opt.variables, opt_init)
+        timer = StepTimer()
+        _fit_steps(model, data.x_train, data.y_train, config.prune_batch, config.prune_pretrain_steps, seed, [timer])
+        state = {v.path: {k: s.numpy().copy() for k, s in slots(opt, v).items()} for v in model.trainable_variables}
+        out[seed] = CnnState(seed, snapshot(model.variables), state, int(opt.iterations.numpy()),
+                             _eval_cnn(model, data, config.prune_eval_samples), median_ms(timer.times))
+    return out
+
+
+def load_cnn_state(model: keras.Model, optimizer: Any, state: CnnState) -> None:
+    """Put a ``CnnState`` into a Deep MNIST CNN and a built Adam/AdamW (looked up through wrappers). ``load_cnn_state(m, opt, s)``"""
+    restore(model.variables, state.variables)
+    inner = unwrap(optimizer)
+    for v in model.trainable_variables:
+        for name, slot in slots(inner, v).items():
+            slot.assign(state.slots[v.path][name])
+    inner.iterations.assign(state.iterations)
+
+
+def dense_cnn(state: CnnState, optimizer: str = "adam", learning_rate: float = 1e-3) -> tuple[keras.Model, Any]:
+    """A new Deep MNIST CNN and a built optimizer holding the state of dense training. ``model, adam = dense_cnn(s)``"""
+    model = deep_mnist_cnn()
+    opt = make_optimizer(optimizer, learning_rate)
+    opt.build(model.trainable_variables)
+    load_cnn_state(model, opt, state)
+    return model, opt
+
+
+def pruning_study(config: RecipesConfig, data: MnistSplits, states: Mapping[int, CnnState]) -> StudyResult:
+    """Prune fc1 to each sparsity, fine-tune with the dense run's Adam/AdamW state; one row per run. ``pruning_study(cfg, data, states)``"""
+    rows, diagnosis, pruned_acc, acc_by_weights, masks = [], [], {}, {}, {}
+    for name in config.prune_optimizers:
+        for method in PRUNE_METHODS:
+            model = deep_mnist_cnn()
+            inner = make_optimizer(name, config.learning_rate)
+            fc1 = model.get_layer(PRUNED_LAYER)
+            constraint = None
+            if method == "constraint":
+                opt = inner
+                constraint = CopyBack(np.ones(fc1.kernel.shape, bool))  # re-zero
+                fc1.kernel.constraint = constraint
+            else:
+                opt = MaskedOptimizer(inner, policy=_POLICY[method])
+            model.compile(optimizer=opt, loss=LOSS)
+            opt.build(model.trainable_variables)
+            for seed in config.seeds:
+                for sparsity in config.sparsities:
+                    enable_determinism(seed)
+                    load_cnn_state(model, opt, states[seed])
+                    key = (seed, sparsity)
+                    if key not in masks:  # the same dense weights for every optimizer and method
+                        masks[key] = magnitude_mask(fc1.kernel.numpy(), sparsity)
+                    keep = masks[key]
+                    fc1.kernel.assign(np.where(keep, fc1.kernel.numpy(), np.float32(0)))
+                    if constraint is not None:
+                        constraint.reset(keep=keep)
+                    else:
+                        opt.set_mask(fc1.kernel, keep)
+                    if key not in pruned_acc:
+                        pruned_acc[key] = _eval_cnn(model, data, config.prune_eval_samples)
+                    momentum_at_start = _momentum_nonzero(inner, fc1.kernel, ~keep)
+                    if seed == config.seeds[0] and sparsity == config.sparsities[0]:
+                        diagnosis += _diagnosis_rows(f"2 pruning, {name}", method,
+                                                     freezing.diagnose(model, {fc1.kernel.path: ~keep}))
+                    before = fc1.kernel.numpy().copy()
+                    timer = StepTimer()
+                    _fit_steps(model, data.x_train, data.y_train, config.prune_batch, config.prune_steps,
+                               seed + 1000, [timer])
+                    after = fc1.kernel.numpy()
+                    digest = _digest(model.trainable_variables)
+                    if digest not in acc_by_weights:  # bit-identical weights have the same accuracy
+                        acc_by_weights[digest] = _eval_cnn(model, data, config.prune_eval_samples)
+                    extra = opt.mask_bytes() if constraint is None else constraint.state_bytes()
+                    rows.append({"optimizer": name, "method": method, "seed": seed, "sparsity": sparsity,
+                                 "pruned": int((~keep).sum()), "moved": _moved(before, after, ~keep),
+                                 "sparsity_kept": float(np.mean(after == 0)),
+                                 "momentum_nonzero_at_start": momentum_at_start,
+                                 "acc_dense": states[seed].accuracy, "acc_pruned": pruned_acc[key],
+                                 "acc_finetuned": acc_by_weights[digest],
+                                 "step_time_ms": median_ms(timer.times), "extra_state_bytes": extra,
+                                 "weights": digest})
+    runs = pd.DataFrame(rows)
+    ref = runs[runs["method"] == "exact"].set_index(["optimizer", "seed", "sparsity"])["weights"]
+    runs["same_weights_as_exact"] = [
+        w == ref.get((o, s, p)) for o, s, p, w in zip(runs["optimizer"], runs["seed"], runs["sparsity"], runs["weights"])]
+    dense_ms = float(np.mean([s.step_time_ms for s in states.values()]))
+    return StudyResult(runs.drop(columns="weights"), pd.DataFrame(diagnosis), {"dense_adam_step_time_ms": dense_ms})

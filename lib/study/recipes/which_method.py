@@ -1,0 +1,160 @@
+"""Study 05: the which-method-for-which-job table across studies 01-05 (read from their metrics.json)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+
+def _read(results_dir: Path, name: str) -> dict[str, Any]:
+    try:
+        return json.loads((Path(results_dir) / name / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _get(metrics: Mapping[str, Any], *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(metrics, Mapping) or key not in metrics:
+            return None
+        metrics = metrics[key]
+    return metrics
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a float when it is a number (not a bool, not NaN), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return None
+    return float(value)
+
+
+def _first(metrics: Any, *keys: str) -> float | None:
+    """The first of ``keys`` in ``metrics`` that holds a number, else None (for renamed keys)."""
+    for key in keys:
+        value = _number(_get(metrics, key)) if isinstance(metrics, Mapping) else None
+        if value is not None:
+            return value
+    return None
+
+
+def _n(value: Any) -> str:
+    """A count with thousands separators, or "n/a"."""
+    return "n/a" if _number(value) is None else f"{value:,}"
+
+
+def _pct(value: Any) -> str:
+    return "n/a" if value is None else f"{100 * float(value):.1f} %"
+
+
+def _ms(value: Any) -> str:
+    return "n/a" if value is None or value != value else f"{float(value):.1f} ms"
+
+
+def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.DataFrame:
+    """Which method for which job, across studies 01-05: what it guarantees, what it costs, and the numbers.
+
+    ``metrics`` is this notebook's metrics (the recipe numbers); studies 01-04 are read from
+    ``results_dir/<study>/metrics.json`` when present ("not in results/" otherwise). ``method_table(m, "../results")``
+    """
+    s01, s02 = _read(results_dir, "01_adam_drift"), _read(results_dir, "02_mnist_cnn_freezing")
+    s03, s04 = _read(results_dir, "03_gan_alternating"), _read(results_dir, "04_gradients_and_ps")
+    missing = "not in results/"
+    r1, r2, r3, r4, r5 = (metrics.get(k, {}) for k in ("new_columns", "pruning", "unfreezing", "sparse", "subnetwork"))
+    # Studies 01-04 have renamed keys over time: each number is looked up under its current and its older names.
+    ft = _get(s02, "finetune") or {}
+    drift01 = _get(s01, "drift") or _get(s01, "drift_final_mean") or {}
+    naive01 = {k.split("/")[0]: _number(v if not isinstance(v, Mapping) else _first(v, "changed_entries_sum_mean"))
+               for k, v in drift01.items() if k.endswith("/naive")}
+    drifting = sorted(k for k, v in naive01.items() if v is not None and v > 0)
+    n_opt = len(naive01)
+
+    def ft_cell(method: str) -> str:
+        r = ft.get(f"adam/{method}")
+        changed = _first(r, "conv_changed_entries_mean", "conv_changed")
+        step = _first(r, "step_time_ms_mean", "ms_per_step")
+        if changed is None:
+            return missing
+        return f"02 ({method}): {changed:,.0f} frozen conv entries changed, {_ms(step)}/CNN step (Adam)"
+
+    def ft_time(method: str) -> str:
+        step = _first(ft.get(f"adam/{method}"), "step_time_ms_mean", "ms_per_step")
+        return missing if step is None else f"02: {_ms(step)}/CNN step ({method}, Adam)"
+
+    hold02 = _first(_get(s02, "masks", "adam/hold/p=0.5"), "frozen_changed_total_mean", "changed_total")
+    gan03 = _first(_get(s03, "runs", "zeroed_gradients/adam"), "g_changed_entries_in_d_step", "g_changed_in_d_step")
+    eval04 = _number(_get(s04, "fetch_costs", "TF1 graph/g.eval() per variable", "ratio"))
+    exact04 = _number(_get(s04, "exact_update_max_error"))
+
+    def recipe(m: Mapping[str, Any], method: str, key: str = "moved_max") -> Any:
+        return _get(m, "methods", method, key)
+
+    p = r2.get("headline_optimizer", "adam")
+
+    def prune_ms(method: str) -> Any:
+        """The pruning step time of ``method`` under optimizer ``p`` only (by_optimizer keys are opt/method/sparsity)."""
+        times = [row.get("step_time_ms") for key, row in (r2.get("by_optimizer") or {}).items()
+                 if key.split("/")[:2] == [p, method]]
+        times = [x for x in times if _number(x) is not None]
+        return sum(times) / len(times) if times else None
+
+    sparse = next((k for k in r4.get("methods", {}) if k.startswith("sparse")), "sparse")
+    rows = [
+        ("freeze whole layers for the whole run (fine-tuning)", "layer.trainable = False, then compile (or a var_list)",
+         "exact: frozen layers get no gradient and no optimizer state",
+         f"cheapest: no gradient for frozen layers; {ft_time('var_list')}", "none",
+         ft_cell("trainable_recompile") if ft else missing),
+        ("change which layers train during one fit (gradual unfreezing)",
+         "MaskedOptimizer(hold) + MaskSchedule.gradual_unfreezing",
+         f"exact and optimizer state kept at {_n(recipe(r3, 'mask_schedule', 'boundaries_kept'))} of "
+         f"{_n(recipe(r3, 'mask_schedule', 'boundaries'))} stage boundaries",
+         f"{_ms(recipe(r3, 'mask_schedule', 'step_time_ms'))}/MLP step vs {_ms(recipe(r3, 'recompile_fresh', 'step_time_ms'))} "
+         "recompiling (frozen layers' gradients are still computed)", "1 byte per variable (scalar masks)",
+         "05 recipe 3; recompiling loses the state, trainable without recompile trains the wrong layers"),
+        ("keep some entries of a tensor fixed, fixed mask (new output columns / embedding rows)",
+         "MaskedOptimizer(hold) + set_mask", f"bit-exact: {_n(recipe(r1, 'exact'))} of {r1.get('old_entries', '?')} old entries moved",
+         f"{_ms(recipe(r1, 'exact', 'step_time_ms'))}/step vs {_ms(recipe(r1, 'gradient_mask', 'step_time_ms'))} gradient mask",
+         f"{_n(recipe(r1, 'exact', 'extra_state_bytes'))} bytes of masks",
+         f"05 recipe 1; a gradient mask under {r1.get('optimizer', 'AdamW')} moved {_n(recipe(r1, 'gradient_mask', 'moved_min'))} of "
+         f"{r1.get('old_entries', '?')} (weight decay)"),
+        ("the same job, another way", "a constraint that copies old values back",
+         "values exact; the frozen entries' moments keep changing",
+         f"{_ms(recipe(r1, 'constraint', 'step_time_ms'))}/step",
+         f"{_n(recipe(r1, 'constraint', 'extra_state_bytes'))} bytes (a copy of the values + mask)", "05 recipe 1"),
+        ("pruned weights stay zero while fine-tuning", "MaskedOptimizer(hold) + set_mask(fc1.kernel, keep)",
+         f"bit-exact: {_pct(_get(r2, 'pruned_still_zero', 'exact'))} of pruned entries still zero",
+         f"{_ms(prune_ms('exact'))}/CNN step vs {_ms(prune_ms('gradient_mask'))} gradient mask, "
+         f"{_ms(prune_ms('constraint'))} re-zeroing constraint ({p} only, mean over sparsities and seeds)",
+         "1 byte per fc1 entry", f"05 recipe 2; a gradient mask moved {_n(recipe(r2, 'gradient_mask', 'moved_min'))} or more "
+                                 "pruned entries (carried-over moments)"),
+        ("fine-tune a fixed 1-5 % of entries (FISH-style)", "MaskedOptimizer(hold) + one set_mask per variable",
+         f"exact: {_n(recipe(r4, sparse, 'outside_max'))} entries outside the selection changed",
+         f"{_ms(recipe(r4, sparse, 'step_time_ms'))}/step vs {_ms(recipe(r4, 'full', 'step_time_ms'))} full fine-tuning",
+         "1 byte per entry", "05 recipe 4"),
+        ("masks that change every step (random sub-networks, block-coordinate)", "MaskedOptimizer(hold, mask_fn=...)",
+         f"exact: {_n(recipe(r5, 'exact'))} frozen entry-steps moved",
+         f"{_ms(recipe(r5, 'exact', 'step_time_ms'))}/step vs {_ms(recipe(r5, 'naive_gate', 'step_time_ms'))} naive gate",
+         "nothing stored (computed in the graph)",
+         f"05 recipe 5; the naive gate moved {_n(recipe(r5, 'naive_gate', 'moved_min'))} or more; 02: "
+         + (f"adam hold changed {hold02:,.0f} entries" if hold02 is not None else missing)),
+        ("a zero gradient / stop_gradient mask (what people do today)", "gate(x, keep), tf.where(keep, g, 0)",
+         "exact only where the update depends on the current gradient alone (plain SGD, Adagrad, ...)",
+         (f"{ft_time('gate')} vs {ft_time('var_list')}: the frozen layers' zero gradients are still computed; "
+          f"05 recipe 5: {_ms(recipe(r5, 'naive_gate', 'step_time_ms'))}/step vs "
+          f"{_ms(recipe(r5, 'exact', 'step_time_ms'))} exact") if ft else missing, "none",
+         f"01: frozen entries drift under {len(drifting)} of {n_opt} optimizers ({', '.join(drifting[:6])}...)"
+         if drift01 else missing),
+        ("alternating steps of two networks (GAN)", "two optimizers, or var_list per step",
+         "exact (0 changed entries in the frozen network)", "not compared here (03 reports each method's time)",
+         "one optimizer state per network",
+         f"03: zeroed gradients under Adam moved {gan03:,.0f} generator entries (summed over the run's iterations)"
+         if gan03 is not None else missing),
+        ("transform gradients between compute and apply (parameter server)",
+         "freezing.gradients: one tape, transform, apply", "exact update: x_after == x_before - lr*T(g)",
+         f"per-variable g.eval() costs {eval04:.1f}x one pass" if eval04 is not None else missing, "none",
+         f"04: max error {exact04}" if exact04 is not None else missing),
+    ]
+    return pd.DataFrame(rows, columns=["task", "method", "guarantee", "time per step", "memory", "evidence"])
