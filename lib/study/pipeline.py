@@ -18,6 +18,14 @@ started, deletes the staging folder, and exits with 128 + the signal number and 
 results folder is then exactly as it was before that notebook (notebooks that finished earlier in the same run
 stay committed). A signal that arrives while a finished notebook is being moved into place and recorded is held
 until that short step is done, so a notebook's folder, the manifest, SUMMARY.md and index.html always agree.
+
+Cache: before running, each notebook gets a key (``study.cache.notebook_key``: the notebook's bytes, its resolved
+parameters, ``requirements.txt``, the source of every ``freezing``/``study`` module it imports, transitively, and
+the data files' size and mtime). A notebook whose key, profile and outputs match its ``manifest.json`` entry is
+not rerun: the entry keeps the original run's fields and gets ``status: "reused"``, ``checked_at`` and
+``checked_commit``; a rerun entry has ``status: "rerun"``. ``--force`` reruns everything. Each entry records the
+machine (``study.cache.machine``: CPU, cores, oneDNN), and SUMMARY.md, COLUMNS.md and index.html are rebuilt
+at the end of every run.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from typing import Any
 
 import yaml
 
+from study import cache
 from study.prose import fill_executed
 from study.reporting import atomic_write
 
@@ -276,7 +285,8 @@ def _execute(notebook: Path, executed: Path, parameters: dict[str, Any], timeout
 
 def run_notebook(notebook: Path, profile: str, out: Path, timeout_s: int,
                  overrides: dict[str, Any] | None = None,
-                 record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                 record: Callable[[dict[str, Any]], None] | None = None,
+                 key: str | None = None) -> dict[str, Any]:
     """Execute one notebook into ``out/<name>/``; returns its manifest entry. ``run_notebook(nb, "smoke", Path("build"), 600)``
 
     Nothing under ``out`` outside ``out/.staging`` changes until the notebook and its report are complete. Then
@@ -307,6 +317,9 @@ def run_notebook(notebook: Path, profile: str, out: Path, timeout_s: int,
             "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             **_git_commit(out, notebook.parent),
             "packages": _versions(),
+            "machine": _machine(),
+            "key": key if key is not None else cache.notebook_key(notebook, params),
+            "status": "rerun",
         }
     except PapermillExecutionError as e:
         shutil.rmtree(staging, ignore_errors=True)
@@ -336,6 +349,41 @@ def run_notebook(notebook: Path, profile: str, out: Path, timeout_s: int,
         if record is not None:
             record(entry)
         shutil.rmtree(trash, ignore_errors=True)
+    return entry
+
+
+_MACHINE: dict[str, Any] = {}
+
+
+def _machine() -> dict[str, Any]:
+    """``cache.machine()``, probed once per process (it imports TensorFlow)."""
+    if not _MACHINE:
+        _MACHINE.update(cache.machine())
+    return dict(_MACHINE)
+
+
+def cached_entry(out: Path, notebook: Path, profile: str, key: str) -> dict[str, Any] | None:
+    """The manifest entry of ``notebook`` if its last run can be reused: same key and profile, outputs present."""
+    path = out / "manifest.json"
+    try:
+        entry = json.loads(path.read_text()).get(notebook.stem) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+    folder = out / notebook.stem
+    if (not isinstance(entry, dict) or entry.get("key") != key or entry.get("profile") != profile
+            or not (folder / f"{notebook.stem}.ipynb").is_file() or not (folder / "metrics.json").is_file()):
+        return None
+    return entry
+
+
+def reuse(out: Path, notebook: Path, entry: dict[str, Any]) -> dict[str, Any]:
+    """Mark ``entry`` reused in the manifest (original fields kept, ``checked_at``/``checked_commit`` added)."""
+    checked = _git_commit(out, notebook.parent)
+    entry = {**entry, "status": "reused",
+             "checked_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+             "checked_commit": checked["commit"] + (" + local changes" if checked.get("dirty") else "")}
+    with _SIGNALS.hold():
+        update_manifest(out, notebook.stem, entry)
     return entry
 
 
@@ -371,10 +419,11 @@ def write_summary(out: Path) -> Path:
         title = entry.get("title")
         lines += [f"## {name}" + (f": {title}" if title and title != name else ""), "",
                   f"`python -m study.pipeline --profile {entry['profile']} --out {os.path.relpath(out)} --only {name}` "
-                  f"({entry['duration_s']} s on {os.cpu_count()} CPU cores; {packages.get('platform', '')}; "
+                  f"({entry['duration_s']} s; {packages.get('platform', '')}; "
                   f"TensorFlow {packages.get('tensorflow-cpu', packages.get('tensorflow', '?'))}, "
                   f"Keras {packages.get('keras', '?')}; commit {entry['commit'][:10]}"
-                  f"{' + local changes' if entry.get('dirty') else ''}). "
+                  f"{' + local changes' if entry.get('dirty') else ''}; {cache.machine_line(entry.get('machine'))}"
+                  f"{'; reused, checked at ' + entry['checked_at'] if entry.get('status') == 'reused' else ''}). "
                   f"Report: [{name}.html]({name}/{name}.html); on [index.html](index.html#{name}).", "",
                   "| measurement | value |", "|---|---|"]
         lines += [f"| {k.replace('|', '&#124;')} | {str(v).replace('|', '&#124;')} |" for k, v in headline.items()]
@@ -456,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help="per-cell execution timeout, seconds")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
                         help="override one parameter (VALUE is YAML, e.g. --set 'seeds=[0,1]'); repeatable")
+    parser.add_argument("--force", action="store_true",
+                        help="rerun every notebook, even those whose cache key matches the manifest")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("papermill").setLevel(logging.INFO)
@@ -467,15 +518,33 @@ def main(argv: list[str] | None = None) -> int:
         try:
             overrides = parse_overrides(args.overrides)
             chosen = notebooks(args.only, args.notebooks)
+            keys = {}
             for nb in chosen:  # check every parameter file before running anything
-                load_parameters(nb, args.profile, overrides)
+                keys[nb.stem] = cache.notebook_key(nb, load_parameters(nb, args.profile, overrides))
             for i, nb in enumerate(chosen, start=1):
                 current = nb.stem
+                key = keys[nb.stem]
+                old = None if args.force else cached_entry(out, nb, args.profile, key)
+                if old is not None:
+                    reuse(out, nb, old)
+                    done.append(nb.stem)
+                    print(f"[{i}/{len(chosen)}] {nb.stem} ({args.profile}) reused (key {key[:12]}..., ran at commit "
+                          f"{str(old.get('commit', '?'))[:10]} on {old.get('finished_at', '?')}) -> {out / nb.stem}",
+                          flush=True)
+                    current = None
+                    continue
                 print(f"[{i}/{len(chosen)}] {nb.stem} ({args.profile}) ...", flush=True)
-                entry = run_notebook(nb, args.profile, out, args.timeout, overrides,
+                entry = run_notebook(nb, args.profile, out, args.timeout, overrides, key=key,
                                      record=lambda e, name=nb.stem: (_record(out, name, e), done.append(name)))
                 print(f"[{i}/{len(chosen)}] {nb.stem} done in {entry['duration_s']} s -> {out / nb.stem}", flush=True)
                 current = None
+            if chosen and (out / "manifest.json").is_file():  # the pages, from the manifest as it now is
+                from study.site import write_index
+
+                with _SIGNALS.hold():
+                    write_summary(out)
+                    write_columns(out)
+                    write_index(out)
         except PipelineError as e:
             print(f"pipeline: {e}", file=sys.stderr)
             return 1
