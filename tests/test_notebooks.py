@@ -84,6 +84,13 @@ def test_01_adam_drift_metrics(smoke_results):
         assert drift[f"{name}/naive"]["max_abs_displacement_mean"] > 1e-3
     assert drift["sgd/naive"]["changed_entries_sum_mean"] == 0
     assert m["prediction_max_abs_error"] < 1e-5 < m["prediction_max_abs_drift"]
+    s2 = m["seed2"]  # TF1 rounds 1 − β in float32, Keras in float64: v's 1 − β₂ makes the W gap, m's barely counts
+    assert s2["one_minus_beta2_tf1"] < s2["one_minus_beta2_keras"] and s2["one_minus_beta1_tf1"] > s2["one_minus_beta1_keras"]
+    assert 0.9 * s2["tf2_on_page_max_abs_diff_to_tf1"] <= s2["gap_from_one_minus_beta2"]
+    assert s2["gap_from_one_minus_beta1"] <= 0.1 * s2["tf2_on_page_max_abs_diff_to_tf1"]
+    assert s2["m1_step3_stash_restore"] == pytest.approx(-0.68, abs=1e-6)
+    assert s2["m1_step3_reset_slots"] == pytest.approx(-0.32, abs=1e-6)
+    assert set(m["naive_moved"]) == {"momentum", "adam", "adamw"} and m["naive_kept"] == ["sgd"]
     headline = " ".join(m["headline"])  # every optimizer row and every section is in SUMMARY.md
     assert all(f"{name}: frozen entries changed" in headline for name in m["config"]["optimizers"])
     assert "predicted" in headline and "seed example" in headline
@@ -134,6 +141,12 @@ def test_02_mnist_cnn_freezing_metrics(smoke_results):
     assert all(0.0 <= v["accuracy_mean"] <= 1.0 for v in [*m["masks"].values(), *m["blocks"].values()])
     steps = {r["method"]: r["frozen entries changed in the step"] for r in m["one_masked_step"] if r["step"] == 2}
     assert steps["gate + Adam"] > 0 == steps["MaskedOptimizer(Adam)"]
+    # the numbers the prose quotes (study.prose fills the markdown from these keys)
+    assert m["parameters"] == 3_274_634 and m["conv_entries"] == 52_096 and m["fc1_entries"] == 3_212_288
+    assert m["one_step_gate"]["changed"] == steps["gate + Adam"] and 0.2 < m["one_step_gate"]["share"] < 0.8
+    assert 0.9 * m["conv_entries"] < m["finetune_gate_changed_min"] <= m["finetune_gate_changed_max"] <= m["conv_entries"]
+    assert set(m["finetune_gate_time_ratio"]) == set(m["config"]["finetune_optimizers"])
+    assert "mask_tradeoff" not in m  # written only by a full-size run, whose finding quotes it
     keys = " | ".join(m["headline"])  # SUMMARY.md covers every section and every optimizer row
     for section, rows in (("fine-tune", ft), ("masks", m["masks"]), ("blocks", m["blocks"])):
         for row in rows:
@@ -148,6 +161,21 @@ def test_02_mnist_cnn_freezing_metrics(smoke_results):
     dictionary = (smoke_results / "COLUMNS.md").read_text()
     section = dictionary.split('<a id="02_mnist_cnn_freezing"></a>')[1].split("<a id=")[0]
     assert "### [block_steps.csv](02_mnist_cnn_freezing/block_steps.csv)" in section and NOT_DESCRIBED not in section
+
+
+def test_05_recipes_prose_metrics(smoke_results):
+    """The values 05's prose quotes beyond recipe_metrics' (the notebook's last cell computes them)."""
+    m = _metrics(smoke_results, "05_recipes")
+    assert m["cnn_parameters"] == 3_274_634 and m["fc1_kernel_entries"] == 3_211_264
+    naive = m["pruning_naive"]
+    assert 0.5 < naive["moved_share_min"] <= naive["moved_share_max"] <= 1  # most pruned entries move, every run
+    assert naive["sparsity_kept_max"] < 0.5 * max(m["config"]["sparsities"])
+    times = m["pruning_step_time_ms"]  # per optimizer: Adam's times are never pooled with AdamW's
+    assert set(times) == set(m["config"]["prune_optimizers"])
+    assert all(set(t) == {"gradient_mask", "constraint", "exact"} for t in times.values())
+    share = m["subnetwork_naive_moved_share"]
+    assert 0.3 < share["min"] <= share["max"] < 1
+    assert 0.5 < m["sparse_fc1_parameter_share"] < 1 and m["keras_version"].startswith("3.")
 
 
 def test_02_bad_parameter_stops_before_training(tmp_path):
@@ -176,6 +204,9 @@ def test_03_gan_alternating_metrics(smoke_results):
     assert all(0 <= r["classes_seen_mean"] <= 10 for r in runs.values())
     assert 0.0 < m["classifier_test_accuracy"] <= 1.0
     assert m["unknown_variable_trap"][0]["outcome"].startswith("Unknown variable: generator/")
+    assert m["trained"] is False  # smoke: the sample-quality findings are not asserted, and the prose says so
+    bias = m["bias_correction"]  # G's step size with one Adam for both networks, over that with its own
+    assert bias["first"] == pytest.approx(0.943, abs=1e-3) and 1.2 < bias["last"] <= bias["peak"] < 2 ** 0.5
     headline = " ".join(m["headline"])  # every method x optimizer row, with classes seen, is in SUMMARY.md
     assert all(f"{key.replace('/', ', ')}: " in headline for key in runs) and "classes seen" in headline
 

@@ -80,7 +80,8 @@ def num(x: Any, digits: int = 3) -> str:
     if x == 0:
         return "0"
     if not 1e-4 <= abs(x) < 1e7:
-        return sci(x, digits)
+        mantissa, exponent = sci(x, digits).split("e")
+        return f"{mantissa.rstrip('0').rstrip('.') if '.' in mantissa else mantissa}e{exponent}"
     decimals = max(digits - 1 - math.floor(math.log10(abs(x))), 0)
     text = f"{round(x, decimals):,.{decimals}f}"
     return text.rstrip("0").rstrip(".") if "." in text else text
