@@ -635,6 +635,12 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
     for w, r in metrics["ps"].items():
         out[f"Downpour CNN, {w} worker(s): steps/s / final accuracy / mean staleness"] = \
             f"{r['steps_per_s']:.2f} / {r['final_accuracy']:.3f} / {r['staleness_mean']:.2f}"
+    q = metrics.get("quoted", {})
+    for tau in (1, 2, 4, 8):
+        value = q.get(f"difference_{tau}")
+        if isinstance(value, float) and value == value:  # not NaN: this delay was measured
+            out[f"staleness tau = {tau}: Adam's accuracy lost minus SGD's, paired by seed (mean ± se)"] = \
+                f"{value:+.3f} ± {q[f'difference_se_{tau}']:.3f}"
     f = metrics["fault_accounting"]
     out["faults: updates restored from checkpoints / lost with the ps / applied after the last restart"] = \
         f"{f['restored_version']} / {f['lost_with_ps']} / {f['applied_after_restart']}"

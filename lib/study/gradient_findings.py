@@ -1,0 +1,142 @@
+"""The numbers study 04's findings quote, read off the run's tables (``metrics["quoted"]``).
+
+Notebook 04's markdown cells are templates (``study.prose``) that quote ``{{ metrics.quoted.<name> }}``. Each
+value is taken from a table the run produced; a value the run's settings did not measure (the smoke profile
+runs one worker count, no ``n_push`` sweep and two delays) is NaN, so the same templates fill on every profile.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+NAN = float("nan")
+
+
+def _at(frame: pd.DataFrame, row: Any, column: str) -> float:
+    try:
+        return float(frame.loc[row, column])
+    except (KeyError, TypeError, ValueError):
+        return NAN
+
+
+def fetch_numbers(costs: pd.DataFrame) -> dict[str, float]:
+    """Ratio to one pass of each slow way of fetching gradients, by a short name.
+
+    >>> costs = pd.DataFrame({"mode": ["TF1 graph"], "method": ["g.eval() per variable"], "ratio_to_one_pass": [3.9]})
+    >>> fetch_numbers(costs)["tf1_eval_per_variable"]
+    3.9
+    """
+    ratio = costs.set_index(["mode", "method"])["ratio_to_one_pass"].to_frame()
+    names = {
+        "tf1_eval_per_variable": ("TF1 graph", "g.eval() per variable"),
+        "eager_recompute": ("TF2 eager", "recompute forward and backward per variable"),
+        "eager_persistent": ("TF2 eager", "persistent tape, one gradient call per variable"),
+        "function_persistent": ("TF2 tf.function", "persistent tape, one gradient call per variable"),
+        "function_recompute": ("TF2 tf.function", "recompute forward and backward per variable"),
+    }
+    return {name: _at(ratio, key, "ratio_to_one_pass") for name, key in names.items()}
+
+
+def cluster_numbers(ps_runs: pd.DataFrame, placement: pd.DataFrame) -> dict[str, float]:
+    """The 1- and 2-worker cluster runs side by side, and where the largest variable lives.
+
+    Returns staleness, final accuracy and worker CPU time per step (ms) for each worker count, their ratio, the
+    largest variable's name and size (MB) and the MB each ps task holds.
+
+    >>> runs = pd.DataFrame({"workers": [1, 2], "staleness_mean": [0.0, 0.9], "final_accuracy": [0.92, 0.94],
+    ...                      "worker_cpu_s_per_step": [0.118, 0.119]})
+    >>> place = pd.DataFrame({"variable": ["m/fc1/kernel", "m/fc1/kernel", "m/b"], "task": ["ps:0", "ps:1", "ps:0"],
+    ...                       "bytes": [6_000_000, 6_000_000, 40]})
+    >>> q = cluster_numbers(runs, place)
+    >>> round(q["worker_cpu_ratio"], 3), q["largest_variable"], q["largest_variable_mb"], q["largest_variable_shards"]
+    (1.008, 'm/fc1/kernel', 12.0, 2)
+    """
+    rows = ps_runs.set_index("workers")
+    out: dict[str, Any] = {}
+    for w in (1, 2):
+        out[f"staleness_{w}"] = _at(rows, w, "staleness_mean")
+        out[f"accuracy_{w}"] = _at(rows, w, "final_accuracy")
+        out[f"worker_cpu_ms_{w}"] = 1e3 * _at(rows, w, "worker_cpu_s_per_step")
+    out["accuracy_gap"] = abs(out["accuracy_2"] - out["accuracy_1"])
+    out["worker_cpu_ratio"] = out["worker_cpu_ms_2"] / out["worker_cpu_ms_1"]
+    per_variable = placement.groupby("variable", sort=False)["bytes"].agg(["sum", "count"])
+    largest = per_variable["sum"].idxmax()
+    out["largest_variable"] = str(largest)
+    out["largest_variable_mb"] = float(per_variable.loc[largest, "sum"]) / 1e6
+    out["largest_variable_shards"] = int(per_variable.loc[largest, "count"])
+    out["model_mb"] = float(placement["bytes"].sum()) / 1e6
+    out["mb_per_task"] = [float(b) / 1e6 for b in placement.groupby("task")["bytes"].sum()]
+    return out
+
+
+def n_push_numbers(sweep: pd.DataFrame, model_mb: float, link_gbit_s: float = 1.0) -> dict[str, Any]:
+    """The ``n_push`` sweep at its two ends: ps and worker CPU per step, staleness, updates; a transfer's time.
+
+    ``transfer_s`` is the time the model's bytes take one way over a ``link_gbit_s`` link (arithmetic, not measured).
+
+    >>> sweep = pd.DataFrame({"n_push": [1, 8], "ps_cpu_s_per_step": [0.02, 0.005], "steps": [128, 128],
+    ...                       "worker_cpu_s_per_step": [0.12, 0.125], "staleness_mean": [0.95, 0.9],
+    ...                       "applied_updates": [128, 16]})
+    >>> q = n_push_numbers(sweep, model_mb=13.0)
+    >>> q["ps_cpu_ratio"], q["updates_smallest"], q["updates_largest"], round(q["transfer_s"], 3)
+    (4.0, 128, 16, 0.104)
+    """
+    out: dict[str, Any] = {"transfer_s": model_mb * 8e6 / (link_gbit_s * 1e9), "link_gbit_s": link_gbit_s}
+    if len(sweep) < 2:
+        return {**out, "ps_cpu_ratio": NAN, "worker_cpu_ms_min": NAN, "worker_cpu_ms_max": NAN,
+                "staleness_min": NAN, "staleness_max": NAN, "n_smallest": NAN, "n_largest": NAN,
+                "updates_smallest": NAN, "updates_largest": NAN, "sweep_steps": NAN}
+    by_n = sweep.set_index("n_push")
+    small, large = by_n.index.min(), by_n.index.max()
+    return {**out,
+            "ps_cpu_ratio": float(by_n.loc[small, "ps_cpu_s_per_step"] / by_n.loc[large, "ps_cpu_s_per_step"]),
+            "worker_cpu_ms_min": 1e3 * float(by_n["worker_cpu_s_per_step"].min()),
+            "worker_cpu_ms_max": 1e3 * float(by_n["worker_cpu_s_per_step"].max()),
+            "staleness_min": float(by_n["staleness_mean"].min()),
+            "staleness_max": float(by_n["staleness_mean"].max()),
+            "n_smallest": int(small), "n_largest": int(large),
+            "updates_smallest": int(by_n.loc[small, "applied_updates"]),
+            "updates_largest": int(by_n.loc[large, "applied_updates"]),
+            "sweep_steps": int(by_n.loc[large, "steps"])}
+
+
+def staleness_numbers(check: pd.DataFrame, difference: pd.DataFrame, tuned: pd.DataFrame,
+                      taus: Sequence[int] = (1, 2, 4, 8)) -> dict[str, Any]:
+    """Dai et al.'s measure, the paired Adam - SGD difference and the re-tuned accuracies, per delay.
+
+    Keys: ``slowdown_<opt>_<tau>``, ``slowdown_std_<opt>_<tau>``, ``drop_<opt>_<tau>``, ``reached_<opt>_<tau>``,
+    ``difference_<tau>``/``difference_se_<tau>`` (Adam's accuracy lost minus SGD's, paired by seed),
+    ``tuned_<opt>_<tau>`` (final accuracy at the rate re-tuned for that delay) and ``tuned_gap_0``.
+
+    >>> check = pd.DataFrame({"tau": [2], "optimizer": ["adam"], "slowdown_mean": [3.4], "slowdown_std": [0.5],
+    ...                       "drop_mean": [0.01], "reached": [8]})
+    >>> q = staleness_numbers(check, pd.DataFrame(columns=["tau", "mean", "se"]), pd.DataFrame(), taus=(2,))
+    >>> q["slowdown_adam_2"], q["reached_adam_2"], math.isnan(q["difference_2"])
+    (3.4, 8.0, True)
+    """
+    at = check.set_index(["tau", "optimizer"]) if len(check) else pd.DataFrame()
+    d = difference.set_index("tau") if len(difference) else pd.DataFrame()
+    out: dict[str, Any] = {}
+    for tau in (0, *taus):
+        for o in ("adam", "sgd"):
+            for name, column in (("slowdown", "slowdown_mean"), ("slowdown_std", "slowdown_std"),
+                                 ("drop", "drop_mean"), ("reached", "reached")):
+                out[f"{name}_{o}_{tau}"] = _at(at, (tau, o), column)
+            out[f"tuned_{o}_{tau}"] = _at(tuned, tau, o)
+        out[f"difference_{tau}"] = _at(d, tau, "mean")
+        out[f"difference_se_{tau}"] = _at(d, tau, "se")
+    out["tuned_gap_0"] = abs(out["tuned_adam_0"] - out["tuned_sgd_0"])
+    return out
+
+
+def quoted(costs: pd.DataFrame, ps_runs: pd.DataFrame, placement: pd.DataFrame, sweep: pd.DataFrame,
+           check: pd.DataFrame, difference: pd.DataFrame, tuned: pd.DataFrame) -> dict[str, Any]:
+    """Every number notebook 04's prose quotes, in one flat dict (NaN where the run did not measure it)."""
+    out: dict[str, Any] = {**fetch_numbers(costs), **cluster_numbers(ps_runs, placement)}
+    out.update(n_push_numbers(sweep, out["model_mb"]))
+    out.update(staleness_numbers(check, difference, tuned))
+    return {k: (NAN if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
