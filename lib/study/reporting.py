@@ -265,3 +265,21 @@ def read_json(path: str | Path, default: Any = None) -> Any:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return default
+
+
+def for_display(table: pd.DataFrame, missing: str = "—") -> pd.DataFrame:
+    """``table`` as a report shows it: whole-number float columns as integers, missing cells as ``missing``.
+
+    A column with a missing cell is stored as float (``40.0``, ``NaN``) in the DataFrame and the CSV; a reader
+    should see ``40`` and a dash.
+
+    >>> for_display(pd.DataFrame({"kept": [40.0, None], "share": [0.5, None]})).to_dict("list")
+    {'kept': [40, '—'], 'share': [0.5, '—']}
+    """
+    out = table.copy()
+    for column in out.columns:
+        values = out[column]
+        if values.dtype.kind == "f" and values.dropna().apply(float.is_integer).all():
+            values = values.astype("Int64")
+        out[column] = values.astype(object).where(values.notna(), missing)
+    return out
