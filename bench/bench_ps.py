@@ -29,8 +29,8 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
-from study.cluster import LocalCluster  # noqa: E402
-from study.parameter_server import DownpourConfig, run_downpour  # noqa: E402
+from study.ps.local import LocalCluster  # noqa: E402
+from study.ps import DownpourConfig, run_downpour  # noqa: E402
 
 BASE = DownpourConfig(n_fetch=4, n_push=4, steps_per_function=8, batch=50, learning_rate=0.05, ps=2)
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--local-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.local_child:
-        from study.parameter_server import local_steps_per_s
+        from study.ps.worker import local_steps_per_s
 
         config = DownpourConfig(**json.loads(args.local_child[0]))
         print(json.dumps(local_steps_per_s(config, functions=int(args.local_child[1]),

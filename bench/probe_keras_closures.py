@@ -6,7 +6,7 @@ the same 2-worker job twice, each scheduled function doing ``--steps`` SGD steps
 
 * ``keras``: the model built under ``strategy.scope()``, so its variables are Keras variables on the ps; the
   closure calls ``model(x)`` and ``assign_sub`` on ``model.trainable_variables`` (what the first version tried);
-* ``stateless``: what ``study.parameter_server`` does -- plain ``tf.Variable`` s on the ps, the model run with
+* ``stateless``: what ``study.ps`` does -- plain ``tf.Variable`` s on the ps, the model run with
   ``model.stateless_call`` on a local copy fetched once per function, one push at the end.
 
 Each function records ``tf.timestamp()`` on its worker before its first read and after its last write, so the
@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(json.dumps(chief(args.chief, args.steps, args.functions)))
         sys.stdout.flush()
         os._exit(0)
-    from study.cluster import LocalCluster
-    from study.parameter_server import _cpu_seconds
+    from study.ps.local import LocalCluster
+    from study.ps.launcher import cpu_seconds
 
     results = []
     limited = args.threads > 0
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             for i in (0, 1):
                 cluster.kill("worker", i)
                 cluster.processes[("worker", i)] = subprocess.Popen(
-                    [sys.executable, "-c", "from study.cluster import *; import tensorflow as tf, json, os; "
+                    [sys.executable, "-c", "from study.ps.cluster import *; import tensorflow as tf, json, os; "
                      "c = parse_tf_config(); tf.distribute.Server(tf.train.ClusterSpec(c['cluster']), "
                      "job_name='worker', task_index=c['task']['index'], "
                      "config=tf.compat.v1.ConfigProto(inter_op_parallelism_threads=3)).join()"],
@@ -134,14 +134,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             cluster._wait_until_listening([("worker", 0), ("worker", 1)])
         for mode in ("keras", "stateless"):
-            cpu = {i: _cpu_seconds(cluster.processes[("worker", i)].pid) for i in (0, 1)}
+            cpu = {i: cpu_seconds(cluster.processes[("worker", i)].pid) for i in (0, 1)}
             run = subprocess.run([sys.executable, __file__, "--chief", mode, "--steps", str(args.steps),
                                   "--functions", str(args.functions)], capture_output=True, text=True, timeout=900,
                                  env=dict(os.environ, TF_CONFIG=cluster.tf_config("chief", 0)))
             if run.returncode != 0:
                 raise RuntimeError(run.stderr[-2000:])
             result = json.loads(run.stdout.strip().splitlines()[-1])
-            result["worker_cpu_s"] = {i: round(_cpu_seconds(cluster.processes[("worker", i)].pid) - cpu[i], 2)
+            result["worker_cpu_s"] = {i: round(cpu_seconds(cluster.processes[("worker", i)].pid) - cpu[i], 2)
                                       for i in (0, 1)}
             results.append(result)
             print(json.dumps(result), flush=True)

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from study.cluster import LocalCluster, free_ports, parse_tf_config, port_in_use, wait_for_tasks
+from study.ps.cluster import parse_tf_config, wait_for_tasks
+from study.ps.local import LocalCluster, free_ports, port_in_use
 
 pytestmark = pytest.mark.cluster
 
@@ -77,13 +78,13 @@ def test_tf_config_errors(text, match):
 
 
 def test_entry_point_rejects_a_bad_tf_config_and_a_chief_without_a_job_with_exit_2():
-    run = subprocess.run([sys.executable, "-m", "study.ps_roles"], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "study.ps"], capture_output=True, text=True,
                          env=dict(os.environ, TF_CONFIG="{oops"), timeout=120)
     assert run.returncode == 2
-    assert "study.ps_roles: TF_CONFIG: not valid JSON" in run.stderr
+    assert "study.ps: TF_CONFIG: not valid JSON" in run.stderr
     chief = json.dumps({"cluster": {"chief": ["localhost:1"], "worker": ["localhost:2"], "ps": ["localhost:3"]},
                         "task": {"type": "chief"}})
-    run = subprocess.run([sys.executable, "-m", "study.ps_roles"], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "study.ps"], capture_output=True, text=True,
                          env=dict(os.environ, TF_CONFIG=chief), timeout=120)
     assert run.returncode == 2 and "the chief needs --job" in run.stderr
     ok = parse_tf_config(json.dumps({"cluster": {"worker": ["h:1"], "ps": ["h:2"]}, "task": {"type": "ps"}}))

@@ -2,7 +2,7 @@
 disjoint data shards, staleness, faults (worker, ps, chief) with update accounting, clear errors, no orphans.
 
 The cluster tests share one LocalCluster (2 workers, 2 ps tasks) to keep the suite short; every job is a
-chief process started through ``python -m study.ps_roles``, like every server task.
+chief process started through ``python -m study.ps``, like every server task.
 """
 
 import contextlib
@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from study.cluster import LocalCluster, free_ports
+from study.ps.local import LocalCluster, free_ports
 from study.models import DEEP_MNIST_PARAMETERS
-from study.parameter_server import DownpourConfig, PsVariables, build_model, run_chief, run_downpour
-from study.ps_roles import EXIT_UNREACHABLE
+from study.ps import DownpourConfig, PsVariables, build_model, run_chief, run_downpour
+from study.ps.faults import EXIT_UNREACHABLE
 
-MLP = "study.ps_examples:mnist_mlp"
+MLP = "study.ps.examples:mnist_mlp"
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_deep_mnist_cnn_on_two_workers_and_two_sharded_ps_tasks(cluster):
 @pytest.mark.cluster
 def test_another_architecture_on_one_worker_is_plain_async_sgd_with_zero_staleness(cluster):
     config = DownpourConfig(model=MLP, model_kwargs={"hidden": 64}, workers=1, ps=2, steps=48, steps_per_function=4,
-                            learning_rate=0.1, eval_every=16, transform="study.ps_examples:decay",
+                            learning_rate=0.1, eval_every=16, transform="study.ps.examples:decay",
                             transform_kwargs={"factor": 1.0})
     r = run_downpour(config, cluster, timeout_s=400)
     assert set(r["staleness"]) == {0}  # one worker: nobody else updates between its fetch and its push
@@ -108,7 +108,7 @@ def test_push_applies_exactly_v_minus_lr_times_t_of_g_and_adagrad_next_to_the_va
     ps = PsVariables(build_model(config), config)
     before = [v.numpy() for v in ps.trainable]
     grads = [tf.fill(v.shape, 0.5) for v in ps.trainable]
-    _, _, state = ps.fetch()
+    _, _, state, _ = ps.fetch()
     assert int(ps.push(grads, state)) == 1
     for b, v in zip(before, ps.trainable):
         np.testing.assert_array_equal(v.numpy(), b - np.float32(0.25) * np.float32(0.5))
@@ -129,7 +129,7 @@ def test_push_applies_exactly_v_minus_lr_times_t_of_g_and_adagrad_next_to_the_va
     ({"model": "study.models.deep_mnist_cnn"}, "model: expected 'module:function'"),
     ({"model": "study.models:no_such_model"}, "model: 'study.models' has no callable 'no_such_model'"),
     ({"transform": "no_such_module:f"}, "transform: cannot import 'no_such_module'"),
-    ({"optimizer": "adam"}, "optimizer: got 'adam'; allowed: 'sgd', 'adagrad'"),
+    ({"optimizer": "adamx"}, "optimizer: got 'adamx'; allowed: 'sgd', 'adagrad' \\(Downpour's\\), a Keras optimizer name"),
     ({"kill_worker_after": 3}, "unexpected keyword argument 'kill_worker_after'"),
     ({"kill_worker_at": 3}, "kill_worker_at: needs workers >= 2"),
     ({"kill_ps_at": 3}, "kill_ps_at: needs checkpoint_every > 0"),
@@ -146,7 +146,7 @@ def test_a_chief_whose_tasks_are_unreachable_stops_with_their_names_not_a_hang()
     err = io.StringIO()
     started = time.monotonic()
     with contextlib.redirect_stderr(err):
-        code = run_chief(DownpourConfig(start_timeout=1.0), spec)
+        code = run_chief(DownpourConfig(start_timeout=1.0, data="study.ps.data:idx", data_kwargs={"folder": "x"}), spec)
     assert code == EXIT_UNREACHABLE and time.monotonic() - started < 10
     assert f"ps:0 (localhost:{ports[1]}), worker:0 (localhost:{ports[2]}) not reachable after 1 s" in err.getvalue()
     with contextlib.redirect_stderr(io.StringIO()) as err:

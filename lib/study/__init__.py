@@ -6,7 +6,7 @@ A Keras user who only wants to freeze parameters imports ``freezing`` and never 
 
 * ``data``, ``models``, ``training``  -- offline MNIST, the Deep MNIST CNN, the masked training loop.
 * ``adam_drift``, ``cnn_study``, ``gan_study``, ``gradient_study`` -- one module per notebook.
-* ``cluster``, ``parameter_server``   -- a local TF cluster and asynchronous Downpour SGD.
+* ``ps``                              -- an asynchronous parameter server (Downpour SGD), ``python -m study.ps``.
 * ``optimizers``                      -- the study's optimizer table, by name.
 * ``plots``, ``reporting``, ``pipeline`` -- figures, tables, metrics.json, papermill runs and reports.
 """

@@ -4,7 +4,7 @@ A notebook is rerun only when its key differs from the one its last run recorded
 is a SHA-256 over: the notebook file's bytes, its resolved parameters, the lock file ``requirements.txt``, the
 source bytes of every ``freezing`` / ``study`` module it imports (found statically with ``ast``, transitively,
 including package ``__init__.py`` files and modules named as ``"study.<module>"`` strings, which is how child
-processes are started: ``python -m study.ps_roles``), and the identity (size, mtime) of the data files the
+processes are started: ``python -m study.ps``), and the identity (size, mtime) of the data files the
 loader would read. ``notebook_key(Path("notebooks/01_adam_drift.ipynb"), params)``
 """
 

@@ -7,7 +7,7 @@
   seed's TensorBoard scalars of ``x`` and ``dy/dx``.
 * ``StaleTrainer``/``staleness_study``: in one process, every gradient applied tau updates late, for SGD and
   Adam, many seeds at once; ``dai_check`` and ``paired_difference`` test Dai et al.'s claim on the result.
-* ``ps_*`` tables: the asynchronous parameter-server runs (``study.parameter_server``) as tables.
+* ``ps_*`` tables: the asynchronous parameter-server runs (``study.ps``) as tables.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class GradientStudyConfig:
     ps_eval_every: int = 8
     n_push_sweep: Sequence[int] = (1, 8)
     n_push_sweep_steps: int = 128
-    fault_model: str = "study.ps_examples:mnist_mlp"
+    fault_model: str = "study.ps.examples:mnist_mlp"
     fault_steps: int = 240
     faults: Sequence[str] = ("worker", "chief", "ps")
     # 6. staleness in one process
@@ -519,7 +519,7 @@ def placement_table(result: Mapping[str, Any]) -> pd.DataFrame:
 
 def fault_job(config: GradientStudyConfig) -> Any:
     """The fault run: 2 workers, the ps tasks, checkpoints; each fault in ``config.faults`` at a fixed share of it."""
-    from study.parameter_server import DownpourConfig
+    from study.ps import DownpourConfig
 
     updates = config.fault_steps // 2
     at = {"worker": 0.15, "chief": 0.35, "ps": 0.6}

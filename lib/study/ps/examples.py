@@ -1,11 +1,11 @@
 """Examples of the ``"module:function"`` hooks a Downpour job takes: model builders and gradient transforms.
 
-A job names them as text, so that every process can import them::
+A job names them as text; the chief imports them and traces them into the graphs it sends::
 
-    DownpourConfig(model="study.ps_examples:mnist_mlp", model_kwargs={"hidden": 64},
-                   transform="study.ps_examples:decay", transform_kwargs={"factor": 0.5})
+    DownpourConfig(model="study.ps.examples:mnist_mlp", model_kwargs={"hidden": 64},
+                   transform="study.ps.examples:decay", transform_kwargs={"factor": 0.5})
 
-A model builder returns a Keras model from 28x28x1 images to 10 logits. A transform takes one gradient
+A model builder returns a Keras model (here from 28x28x1 images to 10 logits). A transform takes one gradient
 tensor (the sum of ``n_push`` steps' gradients of one variable) and returns ``T(g)``; it runs on the worker,
 inside the scheduled ``tf.function``, just before the push.
 """

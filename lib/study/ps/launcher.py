@@ -1,26 +1,12 @@
-"""Asynchronous Downpour SGD (Dean et al. 2012) for any Keras model, on TensorFlow's parameter-server runtime.
+"""``run_downpour``: one job on a ``LocalCluster``, with faults injected and every restart done for you.
 
-The model stays a Keras model; its variables become plain ``tf.Variable`` s on the ps tasks (large ones split
-over them by a ``MinSizePartitioner``), and workers run it with ``keras.Model.stateless_call`` on values. The
-chief (a ``ClusterCoordinator``) schedules the Downpour worker loop (``worker_function``) on the workers:
+The chief is ``python -m study.ps`` with the chief's ``TF_CONFIG``, like every task. Faults for experiments:
+``kill_worker_at`` kills worker 0 (a supervisor would start it again; the coordinator reconnects);
+``kill_ps_at`` kills a ps task (one that does not hold the update counter, when there are two), restarts it and
+the chief with ``--resume``; ``kill_chief_at`` kills the chief and restarts it with ``--resume``. A job that names
+no data trains the study's MNIST, written as IDX files into the run's temporary folder for ``study.ps.data:idx``.
 
-* fetch: read every parameter from the ps into a local copy, every ``n_fetch`` steps;
-* compute: the gradients of one minibatch of the worker's own shard of the data, on the local copy;
-  take the local step ``w -= lr * g`` and add ``g`` to an accumulator;
-* transform and push, every ``n_push`` steps: ``T(sum g)`` (any ``"module:function"``) goes to the ps, which
-  applies it as ``v -= lr * T(g)`` (``freezing.gradients.apply``) or with per-parameter Adagrad, next to the
-  variable, and bumps a version counter.
-
-Staleness of a push = updates the other workers applied between this worker's fetch and this push. Every
-task is ``python -m study.ps_roles`` with a ``TF_CONFIG`` (``study.ps_roles``); ``run_downpour(config)`` starts
-them on this machine with ``LocalCluster``, runs the chief, injects faults (a killed worker, ps task or
-chief), restarts what was killed, and returns the chief's measurements.
-
-``DownpourConfig(n_fetch=1, n_push=1)`` is the plain asynchronous SGD of the earlier version of this module.
-
-The code: ``ps_config`` (the job), ``ps_variables`` (variables on the ps, the worker loop), ``ps_chief``
-(the chief), and here the launcher (``run_downpour``) and the local baseline (``local_steps_per_s``);
-every public name is importable from this module.
+``run_downpour(DownpourConfig(workers=2, ps=2, n_fetch=4, n_push=4, steps_per_function=8))``
 """
 
 from __future__ import annotations
@@ -34,16 +20,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from study.ps_chief import run_chief  # noqa: F401
-from study.ps_config import OPTIMIZERS, DownpourConfig, load_callable  # noqa: F401
-from study.ps_variables import PsVariables, build_model, load_data, make_dataset, with_values, worker_function  # noqa: F401
+from study.ps.faults import EXIT_PS_LOST
+from study.ps.config import DownpourConfig
+from study.ps.local import LocalCluster
 
 
 # ----------------------------------------------------------------------------------------------------------
 # The launcher: a LocalCluster, the chief, faults and restarts
 
 
-def _cpu_seconds(pid: int) -> float | None:
+def cpu_seconds(pid: int) -> float | None:
+    """CPU seconds (user + system) process ``pid`` has used, read from ``/proc``; None where it cannot be read."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -51,33 +38,22 @@ def _cpu_seconds(pid: int) -> float | None:
         return None
 
 
-_MNIST: dict[int, Any] = {}
+def _study_mnist(seed: int, folder: Path) -> dict[str, Any]:
+    """The study's MNIST as IDX files in ``folder``: the job's ``data`` and ``data_kwargs``."""
+    from study.ps.data import write_study_mnist
 
-
-def _mnist_npz(seed: int, path: Path) -> str:
-    """Write this process's ``load_mnist(seed=seed)`` (loaded once) as the job's ``data`` file."""
-    import numpy as np
-
-    if seed not in _MNIST:
-        from study.data import load_mnist
-
-        _MNIST[seed] = load_mnist(seed=seed)
-    d = _MNIST[seed]
-    np.savez(path, x_train=d.x_train, y_train=d.y_train, x_test=d.x_test, y_test=d.y_test)
-    return str(path)
+    return {"data": "study.ps.data:idx", "data_kwargs": {"folder": str(write_study_mnist(folder, seed))}}
 
 
 def run_downpour(config: DownpourConfig, cluster: Any = None, timeout_s: float = 600.0) -> dict[str, Any]:
     """Run one job on a ``LocalCluster`` (a new one, or ``cluster`` with enough tasks) and return its measurements.
 
-    The chief is ``python -m study.ps_roles`` with the chief's ``TF_CONFIG`` (the job's first ``ps`` and
+    The chief is ``python -m study.ps`` with the chief's ``TF_CONFIG`` (the job's first ``ps`` and
     ``workers`` tasks). Faults: ``kill_worker_at`` kills worker 0; ``kill_ps_at`` kills a ps task (one that does
     not hold the version counter, when there are two), restarts it, and restarts the chief with ``--resume``;
     ``kill_chief_at`` kills the chief and restarts it with ``--resume``. Tasks found dead are restarted before a job.
     ``run_downpour(DownpourConfig(workers=2, steps=200))``
     """
-    from study.cluster import LocalCluster
-
     if cluster is None:
         with LocalCluster(config.workers, config.ps, start_timeout=config.start_timeout) as own:
             result = _launch(config, own, timeout_s)
@@ -87,9 +63,6 @@ def run_downpour(config: DownpourConfig, cluster: Any = None, timeout_s: float =
 
 
 def _launch(config: DownpourConfig, cluster: Any, timeout_s: float) -> dict[str, Any]:
-    from study import ps_roles
-    from study.reporting import read_json
-
     if len(cluster.spec["worker"]) < config.workers or len(cluster.spec["ps"]) < config.ps:
         raise ValueError(f"run_downpour: the cluster has {len(cluster.spec['worker'])} worker and "
                          f"{len(cluster.spec['ps'])} ps tasks; the job needs {config.workers} and {config.ps}")
@@ -101,13 +74,13 @@ def _launch(config: DownpourConfig, cluster: Any, timeout_s: float) -> dict[str,
             "worker": cluster.spec["worker"][:config.workers]}
     tasks = {f"{job}:{i}": cluster.processes[(job, i)].pid for job in ("ps", "worker") for i in range(len(spec[job]))}
     with tempfile.TemporaryDirectory(prefix="freezing-downpour-") as tmp:
-        data = config.data or _mnist_npz(config.seed, Path(tmp) / "data.npz")  # the chief skips loading MNIST
-        job = asdict(dataclasses.replace(config, data=data,
+        data = {} if config.data is not None else _study_mnist(config.seed, Path(tmp) / "mnist")
+        job = asdict(dataclasses.replace(config, **data,
                                          checkpoint_dir=config.checkpoint_dir or str(Path(tmp) / "checkpoints")))
         job_path, out = Path(tmp) / "job.json", Path(tmp) / "result.json"
         progress = Path(f"{out}.progress.json")
         job_path.write_text(json.dumps(job))
-        cpu_before = {name: _cpu_seconds(pid) for name, pid in tasks.items()}
+        cpu_before = {name: cpu_seconds(pid) for name, pid in tasks.items()}
         args = ("--job", str(job_path), "--out", str(out))
         chief = cluster.start_chief(args, spec=spec)
         started = time.monotonic()
@@ -119,11 +92,11 @@ def _launch(config: DownpourConfig, cluster: Any, timeout_s: float) -> dict[str,
         cpu_finished: dict[str, float | None] | None = None
         while True:
             code = chief.poll()
-            state = read_json(progress, {})
+            state = _read_json(progress)
             if cpu_steady is None and state.get("steady") and not events:
-                cpu_steady = {name: _cpu_seconds(pid) for name, pid in tasks.items()}
+                cpu_steady = {name: cpu_seconds(pid) for name, pid in tasks.items()}
             if cpu_finished is None and state.get("finished") and not events:
-                cpu_finished = {name: _cpu_seconds(pid) for name, pid in tasks.items()}
+                cpu_finished = {name: cpu_seconds(pid) for name, pid in tasks.items()}
             if code is None:
                 for fault in list(faults):
                     job_name, index, at = fault
@@ -161,7 +134,7 @@ def _launch(config: DownpourConfig, cluster: Any, timeout_s: float) -> dict[str,
                 continue
             if code == 0:
                 break
-            if ps_down is not None and code in (ps_roles.EXIT_PS_LOST, -9):
+            if ps_down is not None and code in (EXIT_PS_LOST, -9):
                 index, _ = ps_down
                 failure = state.get("failure", {})
                 events[-1].update({"chief_exit": code, **{k: failure.get(k) for k in (
@@ -174,7 +147,7 @@ def _launch(config: DownpourConfig, cluster: Any, timeout_s: float) -> dict[str,
             raise RuntimeError(f"run_downpour: the chief failed (exit {code}): {cluster.log_tail('chief', 0, 1500)}")
         result = json.loads(out.read_text())
     result["faults"] = events
-    cpu_after = {name: _cpu_seconds(pid) for name, pid in tasks.items()}
+    cpu_after = {name: cpu_seconds(pid) for name, pid in tasks.items()}
 
     def used(start: dict[str, float | None] | None, end: dict[str, float | None] | None) -> dict[str, float | None]:
         return {name: (None if not start or not end or start[name] is None or end[name] is None
@@ -189,41 +162,9 @@ def _launch(config: DownpourConfig, cluster: Any, timeout_s: float) -> dict[str,
     return result
 
 
-# ----------------------------------------------------------------------------------------------------------
-# The same worker loop without a cluster: the baseline of the overhead measurement
-
-
-def local_steps_per_s(config: DownpourConfig, functions: int = 8, repeats: int = 3, threads: int = 1,
-                      core: int | None = 0) -> dict[str, Any]:
-    """Run ``worker_function`` in this process on local variables (no ps, no network); steps/s per repeat.
-
-    The process is limited like a worker: ``threads`` intra-op threads and, with ``core``, pinned to that core
-    (call it in a fresh process: TensorFlow's thread pools are fixed once it has run an op).
-    ``local_steps_per_s(DownpourConfig(n_fetch=4, n_push=4, steps_per_function=8))``
-    """
-    limits = f"intra_op_parallelism_threads={threads}"
-    if core is not None and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[core % len(os.sched_getaffinity(0))]})
-        limits += f", pinned to core {core}"
-    import tensorflow as tf
-
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(4)
-    x_train, y_train, _, _ = load_data(config)
-    model = build_model(config)
-    ps = PsVariables(model, config)
-    fn = worker_function(model, ps, config, lambda: tf.constant(0, tf.int64))
-    iterator = iter(make_dataset(x_train, y_train, config, 1, 0))
-    for _ in range(2):  # trace and warm up
-        out = fn(iterator)
-    int(out["versions"][-1])
-    rates, cpu = [], []
-    for _ in range(repeats):
-        start, start_cpu = time.perf_counter(), time.process_time()
-        for _ in range(functions):
-            out = fn(iterator)
-        int(out["versions"][-1])
-        steps = functions * config.steps_per_function
-        rates.append(steps / (time.perf_counter() - start))
-        cpu.append((time.process_time() - start_cpu) / steps)
-    return {"steps_per_s": rates, "cpu_s_per_step": cpu, "limits": limits, "final_version": int(ps.version.numpy())}
+def _read_json(path: Path) -> dict[str, Any]:
+    """The chief's progress file, or ``{}`` while it does not exist yet."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}

@@ -1,0 +1,337 @@
+"""The chief: a ``ClusterCoordinator`` schedules the worker loop, records the measurements, checkpoints, and
+exits with a code that says what happened (``run_chief``; started by ``python -m study.ps``).
+
+Only the chief imports the job's code (model, dataset function, loss, transform, masks): it traces them into
+the functions it sends, and the ps and worker tasks run those graphs. It reads the test split to evaluate
+snapshots; training data stays on the workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from study.ps import faults
+from study.ps.checkpoints import CheckpointStore, ResumeRefused, write_json_atomic
+from study.ps.config import DownpourConfig, optimizer_label
+from study.ps.variables import PsVariables, short_device
+
+PROG = "study.ps"
+RUN_CONTROL = ("kill_worker_at", "kill_ps_at", "kill_chief_at", "warmup_functions", "start_timeout",
+               "checkpoint_dir", "eval_every", "eval_samples", "keep_checkpoints")
+"""Job fields that may differ between a run and its ``--resume`` (everything else must match the checkpoint)."""
+
+
+def _say(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+def run_chief(config: DownpourConfig, cluster: dict[str, list[str]], out: str | None = None,
+              resume: bool = False) -> int:
+    """The coordinator's whole job (``python -m study.ps`` as chief); returns the exit code (``study.ps.faults``).
+
+    Every error ends here with one message and a code: 2 bad input (cluster, job, masks, a data file), 3 tasks
+    unreachable, 4 ``--resume`` refused, 75 a ps task lost, 1 anything else (with its traceback).
+    """
+    from study.ps.cluster import check_parameter_server_cluster, wait_for_tasks
+    from study.ps.data import dataset_function
+
+    try:
+        check_parameter_server_cluster(cluster)
+        config = dataclasses.replace(config, workers=len(cluster["worker"]), ps=len(cluster["ps"]))
+        if config.checkpoint_every and not config.checkpoint_dir:
+            raise ValueError("checkpoint_every: needs checkpoint_dir (a folder the chief can write)")
+        dataset_function(config)
+    except ValueError as e:
+        _say(str(e))
+        return faults.EXIT_BAD_INPUT
+    try:
+        wait_for_tasks(cluster, timeout=config.start_timeout)
+    except TimeoutError as e:
+        _say(str(e))
+        return faults.EXIT_UNREACHABLE
+    trainer = _Chief(config, cluster, f"{out}.progress.json" if out else None)
+    try:
+        trainer.set_up(resume)
+    except ResumeRefused as e:
+        _say(str(e))
+        return faults.EXIT_RESUME_REFUSED
+    except ValueError as e:
+        _say(str(e))
+        return faults.EXIT_BAD_INPUT
+    except Exception as e:  # noqa: BLE001 - every error ends with a message and an exit code
+        return _failed(trainer, e, cluster)
+    try:
+        result = trainer.train()
+        if out:
+            write_json_atomic(out, result)
+    except Exception as e:  # noqa: BLE001
+        return _failed(trainer, e, cluster)
+    print(f"chief: done, {result['applied_updates']} updates in {result['seconds']:.1f} s", flush=True)
+    return faults.EXIT_OK
+
+
+def _failed(trainer: _Chief, error: BaseException, cluster: dict[str, list[str]]) -> int:
+    """Classify an error of set-up or training, report it, and return the exit code."""
+    lost = faults.lost_ps_tasks(error, cluster["ps"])
+    failure = trainer.record_failure(error, lost)
+    if lost:
+        _say(f"{', '.join(lost)} lost ({failure['error']}); restart it, then the chief with --resume to continue "
+             f"from the checkpoint of update {failure['checkpoint_version']}")
+        return faults.EXIT_PS_LOST
+    missing = faults.data_error(error)
+    if missing is not None:
+        _say(f"data: a data file cannot be read ({faults.first_line(missing)}); each worker reads the training "
+             f"files that data_kwargs names from its own disk, and the chief reads the test split")
+        return faults.EXIT_BAD_INPUT
+    _say(f"the chief failed: {failure['error']}")
+    traceback.print_exception(error, limit=-6, file=sys.stderr)
+    return faults.EXIT_FAILED
+
+
+class _Chief:
+    """Build, schedule, poll, checkpoint, evaluate: the chief's side of one job (runs in the chief process)."""
+
+    def __init__(self, config: DownpourConfig, cluster: dict[str, list[str]], progress: str | None):
+        self.config, self.cluster, self.progress_path = config, cluster, progress
+        self.state: dict[str, Any] = {"functions_done": 0, "records": [], "curve": [], "elapsed": 0.0,
+                                      "attempts": [], "checkpoints": [], "samples": {}, "foreign_samples": 0}
+        self.last_version = 0
+        self.checkpoint_version: int | None = None
+        self.ps: PsVariables | None = None
+        self.born = time.perf_counter()
+
+    def log(self, what: str) -> None:
+        print(f"chief: {what} ({time.perf_counter() - self.born:.1f} s)", flush=True)
+
+    def write_progress(self, **extra: Any) -> None:
+        if self.progress_path:
+            write_json_atomic(self.progress_path, {
+                "version": self.last_version, "functions_done": self.state["functions_done"],
+                "checkpoint_version": self.checkpoint_version,
+                "version_task": short_device(self.ps.version.device) if self.ps else None, **extra})
+
+    def record_failure(self, error: BaseException, lost: list[str]) -> dict[str, Any]:
+        """What the chief knew when ``error`` ended it, also written to the progress file."""
+        at_failure = None
+        if self.ps is not None:
+            try:  # exact when the counter lives on a ps task that is still alive
+                at_failure = int(self.ps.version.numpy())
+            except Exception:  # noqa: BLE001 - the counter's task may be the lost one
+                pass
+        failure = {"error": faults.first_line(error), "lost": lost, "version_at_failure": at_failure,
+                   "last_polled_version": self.last_version, "checkpoint_version": self.checkpoint_version}
+        try:
+            self.write_progress(failure=failure)
+        except OSError:
+            pass
+        return failure
+
+    def set_up(self, resume: bool) -> None:
+        """Connect, put the variables on the ps, restore a checkpoint (``resume``), ship the data and the loop."""
+        import tensorflow as tf
+
+        from study.ps.data import eval_arrays, train_dataset
+        from study.ps.model import build_model, make_loss
+        from study.ps.worker import worker_function
+
+        config, cluster = self.config, self.cluster
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc")
+        partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
+            min_shard_bytes=config.shard_min_bytes, max_shards=config.ps)
+        strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+        self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+        self.log("connected")
+        self.model = build_model(config)
+        self.initial = [v.numpy() for v in self.model.trainable_variables]
+        self.ps = ps = PsVariables(self.model, config, strategy)
+        self.log(f"variables on the ps; optimizer {optimizer_label(config.optimizer)}"
+                 + (f", {len(ps.masks)} masked variables" if ps.masks else ""))
+        self.checkpoint = ps.checkpoint()
+        # the chief reads and writes every checkpoint file itself (by default each ps task would write its own
+        # shard on its own disk), so checkpoint_dir has to exist only where the chief runs
+        io = tf.train.CheckpointOptions(experimental_io_device="/job:chief/replica:0/task:0/device:CPU:0")
+        job = {k: v for k, v in asdict(config).items() if k not in RUN_CONTROL}
+        self.store = (CheckpointStore(config.checkpoint_dir, config.keep_checkpoints, io, job)
+                      if config.checkpoint_dir else None)
+        self.restored = None
+        if resume and self.store is not None:
+            found = self.store.restore(self.checkpoint, ps.version)
+            if found is not None:
+                self.restored, self.state = found
+            else:
+                self.log(f"--resume: no checkpoint in {config.checkpoint_dir} yet; starting from update 0")
+        self.checkpoint_version = self.restored if self.restored is not None else 0
+        self.last_version = int(ps.version.numpy())
+        self.state["attempts"].append({
+            "resumed": self.restored is not None, "restored_version": self.restored,
+            "restored_functions": self.state["functions_done"] if self.restored is not None else 0})
+        self.write_progress()
+
+        self.x_test, self.y_test = eval_arrays(config)
+        self.loss = make_loss(config)
+        workers, make = config.workers, train_dataset(config)
+        graph = tf.Graph()
+        with graph.as_default():  # what the chief sends for the data: a graph of file readers, not the samples
+            make(tf.constant(0, tf.int64), workers)
+        self.dataset_graph_bytes = graph.as_graph_def().ByteSize()
+        self.iterator = iter(self.coordinator.create_per_worker_dataset(
+            lambda: make(tf.distribute.coordinator.experimental_get_current_worker_index(), workers)))
+        self.fn = worker_function(self.model, ps, config, tf.distribute.coordinator.experimental_get_current_worker_index)
+        self.log(f"dataset graph {self.dataset_graph_bytes} bytes; the loop is on the workers")
+
+    def train(self) -> dict[str, Any]:
+        """Schedule every function, poll the counter, evaluate, checkpoint; return the measurements."""
+        config, ps, coordinator = self.config, self.ps, self.coordinator
+        assert ps is not None
+        snapshots = []
+        if not self.state["curve"] and config.eval_every:
+            snapshots.append((0.0, *ps.snapshot()))
+        functions = config.functions
+        per_checkpoint = (max(1, -(-config.checkpoint_every // config.pushes_per_function))
+                          if config.checkpoint_every else functions)
+        warmup = config.warmup_functions if config.warmup_functions is not None else min(functions, 2 * config.workers)
+        clock = time.perf_counter() - self.state["elapsed"]
+        steady_from = None
+        next_eval = (self.last_version // config.eval_every + 1) * config.eval_every if config.eval_every else None
+        done = self.state["functions_done"]
+        while done < functions:
+            end = min(functions, (done // per_checkpoint + 1) * per_checkpoint)
+            if done < warmup and steady_from is None and not self.restored:
+                end = min(end, warmup)
+            scheduled = [coordinator.schedule(self.fn, args=(self.iterator,)) for _ in range(done, end)]
+            while not coordinator.done():
+                time.sleep(0.1)
+                self.last_version = int(ps.version.numpy())
+                self.write_progress(in_flight=end - done, steady=steady_from is not None)
+                if next_eval is not None and self.last_version >= next_eval:
+                    snapshots.append((time.perf_counter() - clock, *ps.snapshot()))
+                    next_eval = (self.last_version // config.eval_every + 1) * config.eval_every
+            coordinator.join()
+            self.log(f"{end} functions done")
+            for value in scheduled:
+                self._record(value.fetch(), time.perf_counter() - clock)
+            done = self.state["functions_done"] = end
+            self.last_version = int(ps.version.numpy())
+            if steady_from is None and (done >= warmup or self.restored):
+                steady_from = (time.perf_counter(), done, self.last_version)
+                self.write_progress(steady=True)
+            if self.store is not None and config.checkpoint_every and (done % per_checkpoint == 0 or done == functions):
+                self.state["elapsed"] = time.perf_counter() - clock
+                self._evaluate_into_curve(snapshots)
+                snapshots = []
+                self.state["checkpoints"].append({"version": self.last_version, "functions": done,
+                                                  "seconds": self.state["elapsed"]})
+                self.store.save(self.checkpoint, self.last_version, self.state)
+                self.checkpoint_version = self.last_version
+            self.write_progress(steady=steady_from is not None)
+        elapsed = time.perf_counter() - clock
+        self.write_progress(steady=steady_from is not None, finished=True)
+        final = ps.snapshot()
+        snapshots.append((elapsed, *final))
+        self._evaluate_into_curve(snapshots)
+        return self._result(elapsed, steady_from, final)
+
+    def _record(self, value: dict[str, Any], seconds: float) -> None:
+        worker = int(value["worker"])
+        self.state["samples"][str(worker)] = self.state["samples"].get(str(worker), 0) + int(value["samples"])
+        foreign = int(value["foreign_samples"])
+        if self.state["foreign_samples"] is not None:
+            self.state["foreign_samples"] = None if foreign < 0 else self.state["foreign_samples"] + foreign
+        self.state["records"].append({
+            "worker": worker, "versions": np.asarray(value["versions"]).tolist(),
+            "staleness": np.asarray(value["staleness"]).tolist(), "loss": np.asarray(value["loss"]).tolist(),
+            "started": float(value["started"]), "ended": float(value["ended"]), "returned_s": seconds})
+
+    def _evaluate_into_curve(self, snapshots: list[tuple]) -> None:
+        from study.ps.model import evaluate
+
+        assert self.ps is not None
+        seeds = list(self.ps.initial_seed_state)
+        for seconds, version, trainable, state in snapshots:
+            if self.state["curve"] and self.state["curve"][-1]["applied_updates"] == version:
+                continue
+            scores = evaluate(self.model, trainable, self.ps.full_state(seeds, state), self.x_test, self.y_test,
+                              self.loss)
+            self.state["curve"].append({"applied_updates": version, "seconds": seconds, **scores})
+
+    def _frozen(self, final: list[np.ndarray]) -> dict[str, Any] | None:
+        """Bits changed in frozen entries (and entries changed elsewhere) between the model's start and the end."""
+        assert self.ps is not None
+        if not self.ps.masks:
+            return None
+        frozen = changed = trainable = moved = 0
+        per_variable = {}
+        for i, keep in self.ps.masks.items():
+            start, end = self.initial[i], final[i]
+            keep = np.broadcast_to(keep, start.shape)
+            differs = start.view(f"u{start.dtype.itemsize}") != end.view(f"u{end.dtype.itemsize}")  # bit for bit
+            per_variable[self.ps.paths[i]] = {"frozen_entries": int((~keep).sum()),
+                                              "frozen_changed": int((differs & ~keep).sum())}
+            frozen += int((~keep).sum())
+            changed += int((differs & ~keep).sum())
+            trainable += int(keep.sum())
+            moved += int((differs & keep).sum())
+        return {"frozen_entries": frozen, "frozen_changed_bits": changed, "masked_trainable_entries": trainable,
+                "masked_trainable_changed": moved, "per_variable": per_variable,
+                "mask_placement": self.ps.optimizer.mask_placement, "policy": self.config.mask_policy}
+
+    def _result(self, elapsed: float, steady_from: tuple | None, final: tuple) -> dict[str, Any]:
+        config, records, ps = self.config, self.state["records"], self.ps
+        assert ps is not None
+        final_version = final[0]
+        steady: dict[str, Any] = {}
+        if steady_from is not None:
+            t0, f0, v0 = steady_from
+            window = time.perf_counter() - t0
+            steps = (len(records) - f0) * config.steps_per_function
+            steady = {"steady_seconds": window, "steady_steps": steps, "steady_updates": final_version - v0,
+                      "steps_per_s": steps / window if window > 0 else float("nan"),
+                      "updates_per_s": (final_version - v0) / window if window > 0 else float("nan")}
+            intervals = [(r["started"], r["ended"]) for r in records[f0:]]
+            if intervals:
+                span = max(b for _, b in intervals) - min(a for a, _ in intervals)
+                steady["busy_workers_mean"] = sum(b - a for a, b in intervals) / span if span > 0 else float("nan")
+        layout = ps.placement()
+        per_task: dict[str, int] = {}
+        for row in layout:
+            for shard in row["shards"]:
+                per_task[shard["task"]] = per_task.get(shard["task"], 0) + shard["bytes"]
+        staleness = [s for r in records for s in r["staleness"]]
+        returned_pushes = sum(len(r["versions"]) for r in records)
+        versions = [v for r in records for v in r["versions"]]
+        curve = self.state["curve"]
+        return {
+            "config": asdict(config),
+            "scheduled_functions": config.functions, "returned_functions": len(records),
+            "scheduled_steps": config.functions * config.steps_per_function,
+            "returned_steps": len(records) * config.steps_per_function,
+            "returned_updates": returned_pushes, "applied_updates": final_version,
+            "distinct_versions": len(set(versions)) == len(versions),
+            "seconds": elapsed, **steady,
+            "staleness": staleness, "curve": curve,
+            "steady_from_function": steady_from[1] if steady_from is not None else None,
+            "function_times": [[r["worker"], r["started"], r["ended"]] for r in records],
+            "final_accuracy": curve[-1]["accuracy"] if curve else None,
+            "final_loss": curve[-1]["loss"] if curve else None,
+            "loss_first": float(np.mean(records[0]["loss"])) if records else None,
+            "loss_last": float(np.mean(records[-1]["loss"])) if records else None,
+            "functions_per_worker": {str(w): sum(r["worker"] == w for r in records)
+                                     for w in sorted({r["worker"] for r in records})},
+            "samples_per_worker": dict(self.state["samples"]),
+            "samples_shared_between_workers": self.state["foreign_samples"],
+            "dataset_graph_bytes": self.dataset_graph_bytes,
+            "placement": layout, "bytes_per_task": per_task, "optimizer_bytes_per_task": ps.optimizer_placement(),
+            "optimizer": optimizer_label(config.optimizer), "frozen": self._frozen(final[1]),
+            "attempts": self.state["attempts"], "checkpoints": self.state["checkpoints"],
+            "parameters": int(sum(math.prod(r["shape"]) for r in layout[:len(ps.paths)])),
+        }

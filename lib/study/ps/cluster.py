@@ -1,0 +1,176 @@
+"""A TensorFlow gRPC cluster: ``TF_CONFIG`` checks, reachability, and one server per ps or worker task.
+
+Every task of a parameter-server job (ps, worker, chief) starts with the same command, on this machine or on
+several; only ``TF_CONFIG`` differs (``python -m study.ps``, see ``study.ps.roles``)::
+
+    TF_CONFIG='{"cluster": {"chief": ["host0:2222"], "ps": ["host1:2222"], "worker": ["host2:2222"]},
+                "task": {"type": "worker", "index": 0}}' python -m study.ps
+
+Each worker computes on one core: ``intra_op_parallelism_threads=1`` and, where the OS allows it,
+``os.sched_setaffinity`` to core ``index % cores``. Without that limit every worker's runtime spreads its
+ops over every core, so on a 2-core machine a second worker adds contention instead of compute.
+
+**Security.** A TensorFlow server speaks unauthenticated gRPC and runs any graph it is sent (TensorFlow's
+SECURITY.md): whoever reaches its port can read and write every variable and run code in the task. TensorFlow
+2.21's server listens on every interface of its port (``grpc_server_lib.cc`` binds ``0.0.0.0``); ``study.ps.bind``
+restricts it to one address. Run a cluster on a private network only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Any
+
+JOBS = ("chief", "ps", "worker", "evaluator")
+ENTRY_POINT = ("-m", "study.ps")
+"""What ``LocalCluster`` runs for every task: ``python -m study.ps`` with the task's ``TF_CONFIG``."""
+
+
+def parse_tf_config(text: str | None = None) -> dict[str, Any]:
+    """Parse and check a TF_CONFIG (default: the environment's). ``parse_tf_config('{"cluster": ..., "task": ...}')``"""
+    text = os.environ.get("TF_CONFIG") if text is None else text
+    if not text:
+        raise ValueError("TF_CONFIG: not set; expected JSON like "
+                         '{"cluster": {"worker": ["host:port"], "ps": ["host:port"]}, '
+                         '"task": {"type": "worker", "index": 0}}')
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"TF_CONFIG: not valid JSON ({e})") from None
+    cluster, task = (config.get("cluster"), config.get("task")) if isinstance(config, dict) else (None, None)
+    if not isinstance(cluster, dict) or not cluster:
+        raise ValueError("TF_CONFIG: 'cluster' must map job names (worker, ps, ...) to lists of 'host:port'")
+    for job, addresses in cluster.items():
+        if job not in JOBS:
+            raise ValueError(f"TF_CONFIG: unknown job {job!r}; allowed: {', '.join(JOBS)}")
+        if not isinstance(addresses, list) or not addresses or not all(
+                isinstance(a, str) and a.rpartition(":")[2].isdigit() and a.rpartition(":")[0] for a in addresses):
+            raise ValueError(f"TF_CONFIG: cluster[{job!r}] must be a non-empty list of 'host:port'; got {addresses!r}")
+    if len(cluster.get("chief", [])) > 1:
+        raise ValueError(f"TF_CONFIG: a cluster has at most one chief; got {cluster['chief']!r}")
+    if not isinstance(task, dict) or task.get("type") not in cluster:
+        raise ValueError(f"TF_CONFIG: 'task.type' must be one of the cluster's jobs {sorted(cluster)}; got {task!r}")
+    index = task.get("index", 0)
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(cluster[task["type"]]):
+        raise ValueError(f"TF_CONFIG: 'task.index' must be 0..{len(cluster[task['type']]) - 1}; got {index!r}")
+    return {"cluster": cluster, "task": {"type": task["type"], "index": index}}
+
+
+def check_parameter_server_cluster(cluster: dict[str, list[str]]) -> None:
+    """A Downpour job needs a chief (the coordinator), a ps and a worker. ``check_parameter_server_cluster(spec)``"""
+    missing = [job for job in ("chief", "ps", "worker") if not cluster.get(job)]
+    if missing:
+        raise ValueError(f"TF_CONFIG: a parameter-server job needs the jobs chief, ps and worker; missing {missing} "
+                         f"in {sorted(cluster)}")
+
+
+def task_names(cluster: dict[str, list[str]], jobs: tuple[str, ...] = ("ps", "worker")) -> dict[str, str]:
+    """``{"ps:0": "host:port", ...}`` for the given jobs. ``task_names({"ps": ["h:1"]})``"""
+    return {f"{job}:{i}": address for job in jobs for i, address in enumerate(cluster.get(job, []))}
+
+
+def reachable(address: str, timeout: float = 0.5) -> bool:
+    """Whether a TCP connection to ``host:port`` succeeds. ``reachable("localhost:22")``"""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_tasks(cluster: dict[str, list[str]], timeout: float, jobs: tuple[str, ...] = ("ps", "worker")) -> None:
+    """Wait until every task of ``jobs`` accepts connections; else raise ``TimeoutError`` naming the missing ones.
+
+    TensorFlow itself would retry an unreachable task for a long time; this turns that into a clear error.
+    ``wait_for_tasks(spec, timeout=30)``
+    """
+    waiting = task_names(cluster, jobs)
+    deadline = time.monotonic() + timeout
+    while True:
+        waiting = {name: a for name, a in waiting.items() if not reachable(a)}
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            names = ", ".join(f"{name} ({a})" for name, a in waiting.items())
+            raise TimeoutError(f"cluster: {names} not reachable after {timeout:g} s; start those tasks "
+                               f"(python -m study.ps with their TF_CONFIG) or fix the addresses")
+        time.sleep(0.2)
+
+
+def limit_to_one_core(index: int) -> str:
+    """Pin this process to core ``index % cores`` where the OS allows it; says what it did. ``limit_to_one_core(0)``"""
+    if not hasattr(os, "sched_setaffinity"):
+        return "no CPU affinity on this OS (intra-op threads = 1 only)"
+    cores = sorted(os.sched_getaffinity(0))
+    core = cores[index % len(cores)]
+    os.sched_setaffinity(0, {core})
+    return f"pinned to core {core} of {len(cores)}"
+
+
+def server_config(job: str, workers: int, worker_threads: int = 1) -> Any:
+    """The ``ConfigProto`` of a task's server: workers compute on ``worker_threads`` threads. ``server_config("worker", 2)``
+
+    ``inter_op_parallelism_threads`` stays above the number of workers: with fewer, two or more workers hang on a
+    2-core machine (see the guide). It schedules independent ops; with one intra-op thread and one pinned core it
+    adds no compute.
+    """
+    import tensorflow as tf
+
+    inter = max(4, workers + 1)
+    if job in ("worker", "ps"):
+        return tf.compat.v1.ConfigProto(intra_op_parallelism_threads=worker_threads if job == "worker" else 1,
+                                        inter_op_parallelism_threads=inter)
+    return tf.compat.v1.ConfigProto(inter_op_parallelism_threads=inter)
+
+
+def serve(config: dict[str, Any] | None = None, orphan_guard: bool = False, worker_threads: int = 1,
+          pin: bool = True, bind: str | None = None) -> None:
+    """Run one ps or worker task's ``tf.distribute.Server`` until killed. ``serve(parse_tf_config())``
+
+    A worker computes on ``worker_threads`` intra-op threads and, with ``pin`` and one thread, on one core.
+    ``bind``: the address the task must listen on, checked once it listens (``study.ps.bind``; the process must
+    have been started with ``study.ps.bind.environment``). ``orphan_guard`` (set by ``LocalCluster``) ends the
+    task when its launcher dies. Prints ``serving <job>:<i> at grpc://...; listening on ...``.
+    """
+    from study.ps import bind as bind_address
+
+    config = config or parse_tf_config()
+    job, index = config["task"]["type"], config["task"]["index"]
+    limits = ""
+    if job == "worker":
+        limits = f"; intra-op threads {worker_threads}"
+        if pin and worker_threads == 1:
+            limits += "; " + limit_to_one_core(index)
+    import tensorflow as tf
+
+    workers = len(config["cluster"].get("worker", []))
+    server = tf.distribute.Server(tf.train.ClusterSpec(config["cluster"]), job_name=job, task_index=index,
+                                  protocol="grpc", config=server_config(job, workers, worker_threads), start=True)
+    port = int(config["cluster"][job][index].rpartition(":")[2])
+    if bind is not None:
+        bind_address.check_listening(port, bind)
+    print(f"serving {job}:{index} at {server.target}; listening on "
+          f"{bind_address.describe(bind_address.listening(port))}{limits}", flush=True)
+    if orphan_guard:
+        exit_with_parent()
+    server.join()
+
+
+def exit_with_parent() -> None:
+    """End this process when the process that started it is gone, so a killed launcher leaves no orphan."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+

@@ -1,0 +1,87 @@
+"""Exit codes of every task, and which errors mean a lost ps task (TensorFlow's typed errors, then a probe).
+
+A push, a fetch or the chief's own read fails with a typed ``tf.errors.OpError`` when a ps task is gone:
+``UnavailableError`` (the connection failed), ``AbortedError`` or ``CancelledError`` (the remote call was cut
+off), or the coordinator's own ``PSUnavailableError``. A shape error (``InvalidArgumentError``), an
+out-of-memory error (``ResourceExhaustedError``) or a missing file (``NotFoundError``) never counts as a lost
+ps, whatever its text says. A typed connection error counts only when a ps task is also found down: its port
+refuses connections (``lost_ps_tasks``), so a flaky connection to a healthy ps is an ordinary failure.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+"""The chief failed for another reason; it says which, and ends every remote call it started."""
+EXIT_BAD_INPUT = 2
+"""Bad ``TF_CONFIG``, job, flag or data file; the message names it and what is allowed."""
+EXIT_UNREACHABLE = 3
+EXIT_RESUME_REFUSED = 4
+"""``--resume`` found a checkpoint and sidecar that disagree; nothing was trained."""
+EXIT_PS_LOST = 75
+"""A ps task was lost: restart it, then the chief with ``--resume`` (``EX_TEMPFAIL``)."""
+
+
+def error_chain(error: BaseException) -> list[BaseException]:
+    """``error`` and what it wraps: the coordinator's ``original_exception``, ``__cause__`` and ``__context__``."""
+    chain: list[BaseException] = []
+    todo: list[BaseException | None] = [error]
+    while todo:
+        e = todo.pop()
+        if e is None or any(e is seen for seen in chain):
+            continue
+        chain.append(e)
+        todo += [getattr(e, "original_exception", None), e.__cause__, e.__context__]
+    return chain
+
+
+def connection_errors() -> tuple[type, ...]:
+    """TensorFlow's typed errors for a remote task that went away."""
+    import tensorflow as tf
+
+    types: list[type] = [tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError]
+    try:
+        from tensorflow.python.distribute.coordinator.cluster_coordinator import PSUnavailableError
+
+        types.append(PSUnavailableError)
+    except ImportError:  # pragma: no cover - a TensorFlow without it
+        pass
+    return tuple(types)
+
+
+def lost_ps_tasks(error: BaseException, ps_addresses: list[str], probe: Callable[[str], bool] | None = None,
+                  tries: int = 3) -> list[str]:
+    """The ps tasks (``"ps:i"``) that are down when ``error`` is a typed connection error; ``[]`` otherwise.
+
+    ``probe(address) -> bool`` (default: a TCP connect) tells whether a task answers; it is asked ``tries``
+    times, half a second apart, so a task that is merely slow is not declared lost.
+    ``lost_ps_tasks(e, ["localhost:2221", "localhost:2222"])``
+    """
+    from study.ps.cluster import reachable
+
+    if not any(isinstance(e, connection_errors()) for e in error_chain(error)):
+        return []
+    probe = probe or reachable
+    for attempt in range(tries):
+        down = [f"ps:{i}" for i, address in enumerate(ps_addresses) if not probe(address)]
+        if down or attempt == tries - 1:
+            return down
+        time.sleep(0.5)
+    return []
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+    """``"Type: first line of the message"``, at most ``limit`` characters."""
+    text = f"{type(error).__name__}: {error}".strip().splitlines()[0] if str(error) else type(error).__name__
+    return text[:limit]
+
+
+def data_error(error: BaseException) -> Any:
+    """The ``tf.errors.NotFoundError`` in ``error``'s chain (a data file a worker or the chief cannot read), or None."""
+    import tensorflow as tf
+
+    return next((e for e in error_chain(error) if isinstance(e, tf.errors.NotFoundError)), None)

@@ -1,0 +1,209 @@
+"""``LocalCluster``: every task of a parameter-server cluster as a child process on this machine.
+
+``LocalCluster`` starts exactly the command a task runs on any machine (``python -m study.ps`` with its
+``TF_CONFIG``), one process per task, and always ends them, on error and on interrupt too: a
+``tf.distribute.Server`` cannot be shut down from inside its process. ``GRPC_FAIL_FAST=use_caller`` is set for
+every task, as the TensorFlow tutorial does. With ``bind="auto"`` (default) every task listens on 127.0.0.1 only
+where ``study.ps.bind`` can restrict it (Linux with a C compiler), else on every interface of its port.
+
+``with LocalCluster(workers=2, ps=2) as cluster: run_downpour(DownpourConfig(workers=2, ps=2), cluster)``
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from study.ps import bind as bind_address
+from study.ps.cluster import ENTRY_POINT
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free TCP ports on localhost. ``free_ports(3)``"""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("localhost", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def port_in_use(port: int) -> bool:
+    """Whether something listens on ``localhost:port``. ``port_in_use(22)``"""
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("localhost", port)) == 0
+
+
+class LocalCluster:
+    """Every ps and worker task of a cluster as a child process of this one, and the chief's address.
+
+    ``with LocalCluster(workers=2, ps=1) as cluster: cluster.spec`` -> ``{"chief": [..], "ps": [..], "worker": [..]}``.
+
+    On enter it starts every ps and worker task (``python -m study.ps`` with its ``TF_CONFIG``) and waits
+    until they listen. The chief's address is reserved in the spec; ``start_chief(args)`` runs the coordinator
+    through the same entry point. ``kill`` and ``restart`` are for fault experiments. ``bind``: ``"auto"``
+    (127.0.0.1 where it can be enforced), an address, or None (TensorFlow's default: every interface).
+    """
+
+    def __init__(self, workers: int = 1, ps: int = 1, ports: list[int] | None = None, start_timeout: float = 60.0,
+                 worker_threads: int = 1, pin_workers: bool = True, bind: str | None = "auto"):
+        from freezing.validation import check_positive_int
+
+        if bind == "auto":
+            bind = "127.0.0.1" if bind_address.available() else None
+        self.bind = bind_address.check_address(bind) if bind is not None else None
+        check_positive_int("workers", workers)
+        check_positive_int("ps", ps)
+        check_positive_int("worker_threads", worker_threads)
+        n = workers + ps + 1
+        ports = list(ports) if ports is not None else free_ports(n)
+        if len(ports) != n:
+            raise ValueError(f"ports: need {n} (one per task: {workers} worker, {ps} ps, 1 chief); got {len(ports)}")
+        busy = [p for p in ports if port_in_use(p)]
+        if busy:
+            raise ValueError(f"ports: {busy} already in use; pass free ports or leave ports=None")
+        self.spec = {"chief": [f"localhost:{ports[-1]}"],
+                     "ps": [f"localhost:{p}" for p in ports[workers:workers + ps]],
+                     "worker": [f"localhost:{p}" for p in ports[:workers]]}
+        self.start_timeout = start_timeout
+        self.worker_threads = worker_threads
+        self.pin_workers = pin_workers
+        self.processes: dict[tuple[str, int], subprocess.Popen] = {}
+        self.logs = Path(tempfile.mkdtemp(prefix="freezing-cluster-"))
+        self._all_pids: list[int] = []
+
+    def start(self) -> LocalCluster:
+        """Start the ps and worker tasks (what ``with`` does); ``stop()`` ends them. ``LocalCluster().start()``"""
+        return self.__enter__()
+
+    def __enter__(self) -> LocalCluster:
+        atexit.register(self.stop)
+        try:
+            for job in ("ps", "worker"):
+                for index in range(len(self.spec[job])):
+                    self._start(job, index)
+            self._wait_until_listening([(job, i) for job in ("ps", "worker") for i in range(len(self.spec[job]))])
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def tf_config(self, job: str, index: int, spec: dict[str, list[str]] | None = None) -> str:
+        """The ``TF_CONFIG`` of one task (of ``spec``, default the whole cluster). ``cluster.tf_config("worker", 0)``"""
+        return json.dumps({"cluster": spec or self.spec, "task": {"type": job, "index": index}})
+
+    def command(self, job: str, index: int, args: tuple[str, ...] = ()) -> list[str]:
+        """The command line of one task (its environment adds ``TF_CONFIG``). ``cluster.command("ps", 0)``"""
+        flags = ["--local"] + (["--bind", self.bind] if self.bind else [])
+        if job == "worker":
+            flags += ["--worker-threads", str(self.worker_threads)] + ([] if self.pin_workers else ["--no-pin"])
+        return [sys.executable, *ENTRY_POINT, *flags, *args]
+
+    def _start(self, job: str, index: int, args: tuple[str, ...] = (),
+               spec: dict[str, list[str]] | None = None) -> subprocess.Popen:
+        env = dict(os.environ, GRPC_FAIL_FAST="use_caller", TF_CPP_MIN_LOG_LEVEL="2",
+                   TF_CONFIG=self.tf_config(job, index, spec))
+        if self.bind:
+            env = bind_address.environment(self.bind, env)
+        # freezing.enable_determinism in the caller sets this; it would make tf.timestamp raise in the tasks, and
+        # asynchronous training is not reproducible anyway (the order of the pushes is set by timing)
+        env.pop("TF_DETERMINISTIC_OPS", None)
+        with open(self.logs / f"{job}{index}.log", "a") as log:
+            process = subprocess.Popen(self.command(job, index, args), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, start_new_session=True)
+        self.processes[(job, index)] = process
+        self._all_pids.append(process.pid)
+        return process
+
+    def _wait_until_listening(self, keys: list[tuple[str, int]]) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        waiting = {key: int(self.spec[key[0]][key[1]].rpartition(":")[2]) for key in keys}
+        while waiting:
+            for key, port in list(waiting.items()):
+                if self.processes[key].poll() is not None:
+                    raise RuntimeError(f"cluster: {key[0]}:{key[1]} exited with code {self.processes[key].returncode}; "
+                                       f"log: {self.log_tail(*key)}")
+                if port_in_use(port):
+                    del waiting[key]
+            if waiting and time.monotonic() > deadline:
+                names = ", ".join(f"{job}:{i}" for job, i in waiting)
+                raise TimeoutError(f"cluster: {names} not listening after {self.start_timeout:g} s; "
+                                   f"logs in {self.logs}")
+            time.sleep(0.1)
+
+    def start_chief(self, args: tuple[str, ...], spec: dict[str, list[str]] | None = None) -> subprocess.Popen:
+        """Start the coordinator: ``python -m study.ps ARGS`` with the chief's ``TF_CONFIG``.
+
+        ``spec`` may name a subset of the ps and worker tasks (a job on fewer tasks).
+        ``cluster.start_chief(("--job", path))``
+        """
+        previous = self.processes.get(("chief", 0))
+        if previous is not None and previous.poll() is None:
+            raise RuntimeError("cluster: the chief is still running; kill it first")
+        return self._start("chief", 0, tuple(args), spec)
+
+    def log_tail(self, job: str, index: int, chars: int = 400) -> str:
+        """The end of one task's log. ``cluster.log_tail("worker", 0)``"""
+        path = self.logs / f"{job}{index}.log"
+        return path.read_text(errors="replace")[-chars:] if path.is_file() else ""
+
+    def kill(self, job: str, index: int) -> None:
+        """Kill one task now (a fault experiment). ``cluster.kill("worker", 1)``"""
+        process = self.processes[(job, index)]
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+
+    def restart(self, job: str, index: int, wait: bool = True) -> None:
+        """Start a ps or worker task again on its address (and wait until it listens). ``cluster.restart("ps", 0)``"""
+        self.kill(job, index)
+        port = int(self.spec[job][index].rpartition(":")[2])
+        deadline = time.monotonic() + 10
+        while port_in_use(port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self._start(job, index)
+        if wait:
+            self._wait_until_listening([(job, index)])
+
+    def stop(self) -> None:
+        """End every task: SIGTERM, then SIGKILL after 5 s. Safe to call twice. ``cluster.stop()``"""
+        for process in self.processes.values():
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 5
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                process.wait()
+        atexit.unregister(self.stop)
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of every task this cluster ever started (restarts included). ``cluster.pids``"""
+        return list(self._all_pids)

@@ -1,0 +1,129 @@
+"""The Downpour worker loop (``worker_function``), and the same loop in one process (``local_steps_per_s``).
+
+A scheduled function runs ``steps_per_function`` steps on one worker:
+
+* fetch: every ``n_fetch`` steps, read every parameter (and the keep masks) from the ps into a local copy;
+* compute: the gradients of one minibatch of the worker's own shard, on the local copy, with
+  ``keras.Model.stateless_call``; take the local step ``w -= local_lr * g`` (frozen entries stay) and add ``g`` to
+  an accumulator;
+* transform and push: every ``n_push`` steps, ``T(sum g)`` goes to the ps, which applies it with the job's
+  optimizer next to each shard (``PsVariables.push``) and returns the push's version.
+
+Staleness of a push = updates that other workers applied between this worker's fetch and this push.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from study.ps.config import DownpourConfig, load_callable
+from study.ps.model import make_loss
+from study.ps.variables import PsVariables
+
+
+def worker_function(model: Any, ps: PsVariables, config: DownpourConfig, worker_index: Callable[[], Any]) -> Any:
+    """The Downpour worker loop as a ``tf.function`` of a data iterator (``steps_per_function`` steps).
+
+    Returns per push: the version and the staleness; per step: the loss; the number of samples the function
+    read from another worker's shard (0 when the shards are disjoint; -1 when the dataset function shards
+    itself, which this cannot check); and the worker's index with the function's start and end time
+    (``tf.timestamp``) on the worker.
+    """
+    import tensorflow as tf
+
+    from freezing import gradients
+
+    loss_fn = make_loss(config)
+    transform = None
+    if config.transform is not None:
+        hook = load_callable(config.transform, "transform")
+        kwargs = dict(config.transform_kwargs)
+        transform = (lambda g: hook(g, **kwargs)) if kwargs else hook
+    lr = config.local_lr
+    from study.ps.data import shards_itself
+
+    check_shards = not shards_itself(config)
+
+    @tf.function
+    def run(iterator: Any) -> dict[str, Any]:
+        worker = worker_index()
+        started = tf.timestamp()
+        versions, staleness, losses = [], [], []
+        foreign = tf.constant(0, tf.int64)
+        for step in range(config.steps_per_function):
+            if step % config.n_fetch == 0:  # fetch: a fresh local copy of the parameters
+                with tf.control_dependencies([started]):
+                    fetched_at, weights, state, keep = ps.fetch()
+                own_pushes = 0
+                seeds = [tf.stack([tf.cast(s[0], tf.int64) + 1000 * (tf.cast(worker, tf.int64) + 1),
+                                   fetched_at * 64 + step]) for s in ps.initial_seed_state]
+            if step % config.n_push == 0:
+                accumulated = [tf.zeros_like(w) for w in weights]
+            x, y, index = next(iterator)
+            with tf.GradientTape() as tape:  # compute, on the local copy
+                tape.watch(weights)
+                out, new_state = model.stateless_call(weights, ps.full_state(seeds, state), x, training=True)
+                loss = loss_fn(y, out)
+            grads = tape.gradient(loss, weights)
+            seeds, state = ps.split_state(new_state)
+            weights = [tf.where(keep[i], w - lr * g, w) if i in keep else w - lr * g  # the local step
+                       for i, (w, g) in enumerate(zip(weights, grads))]
+            accumulated = [a + g for a, g in zip(accumulated, grads)]
+            losses.append(loss)
+            if check_shards:
+                foreign += tf.reduce_sum(tf.cast(tf.math.floormod(index, config.workers)
+                                                 != tf.cast(worker, tf.int64), tf.int64))
+            if (step + 1) % config.n_push == 0:  # transform, then push: the ps applies it
+                version = ps.push(gradients.transform(accumulated, transform), state)
+                staleness.append(version - 1 - fetched_at - own_pushes)
+                versions.append(version)
+                own_pushes += 1
+        with tf.control_dependencies([version]):  # the clock stops after the last push
+            ended = tf.timestamp()
+        return {"versions": tf.stack(versions), "staleness": tf.stack(staleness), "loss": tf.stack(losses),
+                "samples": tf.constant(config.steps_per_function * config.batch, tf.int64),
+                "foreign_samples": foreign if check_shards else tf.constant(-1, tf.int64),
+                "worker": worker, "started": started, "ended": ended}
+
+    return run
+
+
+def local_steps_per_s(config: DownpourConfig, functions: int = 8, repeats: int = 3, threads: int = 1,
+                      core: int | None = 0) -> dict[str, Any]:
+    """Run ``worker_function`` in this process on local variables (no ps, no network); steps/s per repeat.
+
+    The process is limited like a worker: ``threads`` intra-op threads and, with ``core``, pinned to that core
+    (call it in a fresh process: TensorFlow's thread pools are fixed once it has run an op).
+    ``local_steps_per_s(DownpourConfig(n_fetch=4, n_push=4, steps_per_function=8, data=...))``
+    """
+    limits = f"intra_op_parallelism_threads={threads}"
+    if core is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[core % len(os.sched_getaffinity(0))]})
+        limits += f", pinned to core {core}"
+    import tensorflow as tf
+
+    from study.ps.data import train_dataset
+    from study.ps.model import build_model
+
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(4)
+    model = build_model(config)
+    ps = PsVariables(model, config)
+    fn = worker_function(model, ps, config, lambda: tf.constant(0, tf.int32))
+    iterator = iter(train_dataset(config)(0, 1))
+    for _ in range(2):  # trace and warm up
+        out = fn(iterator)
+    int(out["versions"][-1])
+    rates, cpu = [], []
+    for _ in range(repeats):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        for _ in range(functions):
+            out = fn(iterator)
+        int(out["versions"][-1])
+        steps = functions * config.steps_per_function
+        rates.append(steps / (time.perf_counter() - start))
+        cpu.append((time.process_time() - start_cpu) / steps)
+    return {"steps_per_s": rates, "cpu_s_per_step": cpu, "limits": limits, "final_version": int(ps.version.numpy())}
