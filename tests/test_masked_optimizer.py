@@ -98,10 +98,11 @@ def test_reset_policy_restarts_moments_of_frozen_entries():
     np.testing.assert_allclose(m, [0.19, 0.19, 0.0, 0.0], rtol=1e-6)
 
 
-def test_the_wrapper_adds_only_one_mask_variable_per_variable():
-    w = _var()
+def test_the_wrapper_adds_only_one_mask_variable_per_variable_and_one_mode_vector():
+    w, b = _var(), _var("b")
     inner = keras.optimizers.Adam()
     opt = MaskedOptimizer(inner)
-    opt.build([w])
-    assert len(inner.variables) == 4  # iterations, learning_rate, m, v: nothing added to the inner optimizer
-    assert len(opt.variables) == 5 and opt.mask_bytes() == 1  # plus one unset (scalar) mask
+    opt.build([w, b])
+    assert len(inner.variables) == 6  # iterations, learning_rate, 2 x (m, v): nothing added to the inner optimizer
+    assert len(opt.variables) == 6 + 2 + 1  # plus one unset (scalar) mask each and one int32 mode vector
+    assert opt.mask_bytes() == 2 + 2 * 4  # 1 byte per unset mask, 4 bytes per variable's mode

@@ -2,31 +2,28 @@
 
 A stop_gradient mask freezes entries under SGD but not under Adam, momentum or weight decay: the
 optimizer still moves an entry whose gradient is zero. ``MaskedOptimizer`` is a Keras optimizer that
-wraps another one (the pattern of Keras' own ``LossScaleOptimizer``) and fixes that at the places the
-wrapped optimizer writes. At ``build`` it installs, once, an interception of the wrapped optimizer's
-``assign``/``assign_add``/``assign_sub`` (every ``update_step`` writes through them), of its weight
-decay, its EMA update and overwrite, and its gradient-accumulator update and reset. While ``MaskedOptimizer``
-applies a step, a write to a masked variable or to one of its slots leaves the frozen entries' bits
-alone::
-
-    assign(t, new)    -> assign(t, where(keep, new, t))
-    assign_add(t, d)  -> assign_add(t, where(keep, d, -0.0))    # x + -0.0 == x, bit for bit
-    assign_sub(t, d)  -> assign_sub(t, where(keep, d, +0.0))    # x - +0.0 == x, bit for bit
-
-Outside such a step the wrapped optimizer behaves exactly as before. No copy of any variable or
-slot is made. What is held, per policy:
+wraps another one (the pattern of Keras' own ``LossScaleOptimizer``) and fixes that where the wrapped
+optimizer writes (``freezing._write_path``). Each variable's update takes one of four paths, chosen
+in the graph from its mask at every step, so a changed mask never retraces (``freezing._masks``):
+no mask -- Keras' own update, nothing extra; wholly frozen -- no update at all, slots untouched;
+some entries frozen -- the masked update, whose writes leave the frozen entries' bits alone; few
+entries frozen -- Keras' own update with the frozen entries' bits saved and put back. No copy of a
+whole variable or slot is made. What is held, per policy:
 
 * ``"hold"``  -- value, moments (every slot), EMA average and gradient accumulator of a frozen entry
   keep their bits; unfrozen later, the entry resumes from the moments it had.
-* ``"reset"`` -- value held; moments go back to their initial value (the seed's fix, done in the step).
+* ``"reset"`` -- value held; the frozen entries' moments go back to their initial value once, when
+  ``set_mask`` stores the mask, and are held after that (a mask given per call or by ``mask_fn``
+  is new at every step, so its frozen moments are reset in the step).
 * ``"none"``  -- the wrapped optimizer runs on gradients whose frozen entries are zero: the drifting
   baseline a ``stop_gradient`` mask gives.
 
 Masks are optimizer state: one boolean variable per trainable variable, scalar ``True`` ("no mask",
 1 byte) until ``set_mask`` stores a mask (1 byte per stored entry; a mask broadcastable to the
-variable, such as one per output column, is stored at its own shape). The graph reads these
-variables, so a mask changed between batches or epochs takes effect on the next step with no
-recompiling and no retracing, and masks save with the model and restore from a checkpoint.
+variable, such as one per output column, is stored at its own shape), and 4 bytes per variable
+for its mode (``int32``: the smallest integer tf.distribute's collectives broadcast). The graph reads these variables, so a mask changed between batches or epochs takes
+effect on the next step with no recompiling and no retracing, and masks save with the model and
+restore from a checkpoint.
 
 Edge cases, decided:
 
@@ -43,27 +40,32 @@ Edge cases, decided:
 * Gradient accumulation: a frozen entry's accumulator neither grows nor resets, and on the step that
   applies the accumulated gradient a frozen entry's value and slots are held; what it accumulated
   while trainable is applied on the first update step after it is unfrozen.
+* ``IndexedSlices`` gradients (an ``Embedding``'s) stay sparse: a scatter stays a scatter.
 * ``keras.optimizers.LossScaleOptimizer`` and ``MultiOptimizer`` work on either side. Under a
   ``mixed_float16`` policy ``compile`` puts a ``LossScaleOptimizer`` outside (the nesting to use with
   ``fit``); ``MaskedOptimizer(LossScaleOptimizer(...))`` is for custom loops, where ``scale_loss`` is
   forwarded.
-* ``tf.distribute`` strategies are refused with a clear error at construction and build.
+* ``tf.distribute``: ``MirroredStrategy`` and ``MultiWorkerMirroredStrategy`` (see
+  ``freezing._distribute`` for what is refused, and why).
 """
 
 from __future__ import annotations
 
 import difflib
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from freezing import _distribute, _masks
+from freezing._sparse_state import SparseState
 from freezing._wrappers import wrapper_chain
+from freezing._write_path import ELEMENTWISE, Context, Step, WritePath, in_xla, initial_slot_values, masked_constraint
 from freezing.selection import variable_path
-from freezing.slots import slot_initial_value, slots
+from freezing.slots import slots
 from freezing.validation import check_choice
 
 POLICIES = ("hold", "reset", "none")
@@ -73,25 +75,9 @@ re-initialised; none: the inner optimizer runs on gated gradients (the drifting 
 NORMS = ("trainable", "all")
 """Whether gradient norms (clipping, Adafactor statistics) see frozen entries' gradients."""
 
-MaskFn = Callable[[Any, Any], Any]
-"""``mask_fn(step, variable) -> keep or None``: computed in the graph at every step."""
-
-# Keras optimizers whose update of an entry depends only on that entry's gradient and state: zeroing
-# frozen gradients changes nothing they write, so norms="trainable" skips that work for them.
-_ELEMENTWISE = (
-    keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.AdamW, keras.optimizers.Adamax,
-    keras.optimizers.Nadam, keras.optimizers.RMSprop, keras.optimizers.Adagrad,
-    keras.optimizers.Adadelta, keras.optimizers.Ftrl, keras.optimizers.Lion, keras.optimizers.Lamb,
-)
-
-
-class _Target:
-    """What an intercepted write touches: a masked variable's value or one of its slots."""
-
-    __slots__ = ("keep", "reset_to")
-
-    def __init__(self, keep: tf.Tensor, reset_to: float | None):
-        self.keep, self.reset_to = keep, reset_to
+STATES = ("dense", "sparse")
+"""dense: the inner optimizer's slots cover every entry, masks may change at every step; sparse:
+slots only for the entries a fixed mask trains (memory in proportion to them), see ``set_mask``."""
 
 
 def _leaves(optimizer: keras.optimizers.Optimizer) -> list[keras.optimizers.Optimizer]:
@@ -103,15 +89,6 @@ def _leaves(optimizer: keras.optimizers.Optimizer) -> list[keras.optimizers.Opti
     if multi is not None and isinstance(chain[-1], multi):
         return [leaf for sub in chain[-1].optimizers for leaf in _leaves(sub)]
     return [chain[-1]]
-
-
-def _refuse_distribution(where: str) -> None:
-    strategy = tf.distribute.get_strategy()
-    if tf.distribute.has_strategy() and not isinstance(strategy, tf.distribute.OneDeviceStrategy):
-        raise ValueError(
-            f"MaskedOptimizer ({where}): tf.distribute strategies are not supported (got "
-            f"{type(strategy).__name__}); allowed: the default strategy or OneDeviceStrategy"
-        )
 
 
 @keras.saving.register_keras_serializable(package="freezing")
@@ -127,13 +104,21 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             ANDed with the stored mask. Save only module-level functions; a lambda is not saved.
         norms: ``"trainable"`` (default) or ``"all"``: whether clipping norms and Adafactor's
             statistics see frozen entries' gradients.
+        state: ``"dense"`` (default) or ``"sparse"``: with ``"sparse"``, a variable whose mask is set
+            before ``build`` keeps inner-optimizer state only for its trainable entries (the mask is
+            then fixed); see ``freezing._sparse_state``.
+        jit_update: compile the optimizer's update (only it) with XLA inside a step that is not
+            compiled: one fused pass per variable, several times faster on CPU, but XLA contracts
+            ``a * b + c`` into fused multiply-adds, so trainable entries can differ from Keras'
+            kernels in the last bit (frozen entries stay exact). Not under ``tf.distribute``.
         name: the optimizer's name.
 
     Returns:
         A ``keras.optimizers.Optimizer`` for ``model.compile`` or a custom loop.
 
     Raises:
-        ValueError: an unknown policy or norms, a nested MaskedOptimizer, or a tf.distribute strategy.
+        ValueError: an unknown policy, norms or state, a nested MaskedOptimizer, or what a
+            ``tf.distribute`` strategy cannot run (named in the message).
 
     Example:
 
@@ -153,12 +138,14 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         self,
         inner: Any,
         policy: str = "hold",
-        mask_fn: MaskFn | None = None,
+        mask_fn: Any = None,
         norms: str = "trainable",
+        state: str = "dense",
+        jit_update: bool = False,
         name: str | None = None,
+        sparse_sizes: dict[str, int] | None = None,
         **kwargs: Any,
     ):
-        _refuse_distribution("construction")
         for option in ("use_ema", "gradient_accumulation_steps", "weight_decay", "clipnorm",
                        "global_clipnorm", "clipvalue", "loss_scale_factor"):
             if kwargs.get(option) not in (None, False):
@@ -178,15 +165,22 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         self.inner = inner
         self.policy = check_choice("MaskedOptimizer policy", policy, POLICIES)
         self.norms = check_choice("MaskedOptimizer norms", norms, NORMS)
+        self.state = check_choice("MaskedOptimizer state", state, STATES)
         if mask_fn is not None and not callable(mask_fn):
             raise ValueError(f"MaskedOptimizer: mask_fn must be callable(step, variable) or None; got {mask_fn!r}")
+        if state == "sparse" and policy == "none":
+            raise ValueError("MaskedOptimizer: state='sparse' keeps no state for frozen entries; use policy 'hold'")
         self.mask_fn = mask_fn
+        self.jit_update = bool(jit_update)
+        _distribute.check_construction(self)
         # Plain Python state, kept out of Keras' and TF's attribute tracking.
         object.__setattr__(self, "_pending", {})  # masks set before build, by path
-        object.__setattr__(self, "_mask_index", {})  # variable key -> index into _mask_list
-        object.__setattr__(self, "_active", None)  # {key: _Target}, set only while a masked step runs
-        object.__setattr__(self, "_initial", {})  # slot key -> initial value, for policy="reset"
-        self._masks = _MaskStore()  # tracked by TF: the masks save with checkpoints
+        object.__setattr__(self, "_mask_index", {})  # variable key -> index into the mask store
+        object.__setattr__(self, "_context", Context())  # the step in force, per replica
+        object.__setattr__(self, "_paths", [])  # one WritePath per writing optimizer
+        object.__setattr__(self, "_jitted", {})  # variables -> the XLA-compiled apply (jit_update)
+        object.__setattr__(self, "_sparse", SparseState(self, sparse_sizes or {}))
+        self._masks = _masks.MaskStore()  # tracked by TF: the masks save with checkpoints
 
     # -- the Keras optimizer surface, forwarded to the inner optimizer ---------------------------
     @property
@@ -221,16 +215,17 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
 
     @property
     def variables(self) -> list[Any]:
-        """The inner optimizer's variables, then one mask variable per built variable (what saving stores).
+        """The inner optimizer's variables, one mask per built variable, their modes, then any sparse state.
 
         Returns:
-            A new list of variables.
+            A new list of variables (what ``.keras`` saving stores).
 
         >>> w = keras.Variable([1.0, 2.0], name="w"); opt = MaskedOptimizer("adam"); opt.build([w])
-        >>> len(opt.variables)  # iterations, learning rate, m, v, and the mask of w
-        5
+        >>> len(opt.variables)  # iterations, learning rate, m, v, the mask of w, the modes
+        6
         """
-        return list(self.inner.variables) + list(self._masks.keep)
+        modes = list(self._masks.mode)
+        return list(self.inner.variables) + list(self._masks.keep) + modes + self._sparse.variables()
 
     def scale_loss(self, loss: Any) -> Any:
         """Forward loss scaling to the inner optimizer (a ``LossScaleOptimizer`` multiplies it).
@@ -257,7 +252,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         >>> opt.finalize_variable_values([w]); w.numpy().tolist()  # no EMA: nothing to do
         [1.0]
         """
-        self.inner.finalize_variable_values(var_list)
+        self.inner.finalize_variable_values(self._sparse.inner_variables(var_list))
 
     # -- build: the mask variables and the one-time interception ----------------------------------
     def build(self, var_list: Sequence[Any]) -> None:
@@ -265,6 +260,9 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
 
         Args:
             var_list: every variable this optimizer will ever update (any subset may be applied later).
+
+        Raises:
+            ValueError: what the ``tf.distribute`` strategy in force cannot run, named.
 
         >>> a, b = keras.Variable([1.0], name="a"), keras.Variable([2.0], name="b")
         >>> opt = MaskedOptimizer("adam"); opt.build([a, b])
@@ -274,38 +272,30 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         """
         if self.built:
             return
-        _refuse_distribution("build")
         var_list = list(var_list)
-        if not self.inner.built:
-            self.inner.build(var_list)
         leaves = _leaves(self.inner)
+        _distribute.check_build(self, leaves)
         with tf.init_scope():
             for i, v in enumerate(var_list):
                 self._mask_index[self._var_key(v)] = i
                 self._masks.keep.append(
-                    tf.Variable(True, shape=tf.TensorShape(None), dtype=tf.bool, trainable=False,
-                                name=f"keep_{i}")
+                    tf.Variable(True, shape=tf.TensorShape(None), dtype=tf.bool, trainable=False, name=f"keep_{i}")
                 )
+            self._masks.mode.append(
+                tf.Variable(np.zeros(len(var_list), np.int32), dtype=tf.int32, trainable=False, name="modes")
+            )
+            inner_vars = self._sparse.build(var_list, self._pending)
+        if not self.inner.built:
+            self.inner.build(inner_vars)
+        with tf.init_scope():
             for leaf in leaves:
-                for v in var_list:
-                    if self._knows(leaf, v):
-                        for name, slot in slots(leaf, v).items():
-                            value = np.asarray(slot.numpy())
-                            same = value.size and np.all(value == value.flat[0])
-                            initial = float(value.flat[0]) if same else slot_initial_value(leaf, name)
-                            self._initial[leaf._var_key(slot)] = initial
-        for leaf in leaves:
-            self._install(leaf)
+                self._paths.append(WritePath(self, leaf, self._context, inner_vars, initial_slot_values(leaf, inner_vars)))
         super().build(var_list)
         pending = dict(self._pending)
         self._pending.clear()
         with tf.init_scope():  # build may run while fit traces its step: store the masks now
             for path, keep in pending.items():
-                self.set_mask(path, keep)
-
-    @staticmethod
-    def _knows(optimizer: Any, variable: Any) -> bool:
-        return optimizer.built and optimizer._var_key(variable) in optimizer._trainable_variables_indices
+                self._store(self._resolve(path), keep, reset=False)  # fresh slots: nothing to reset
 
     # -- masks as state ---------------------------------------------------------------------------
     def _resolve(self, target: Any) -> Any:
@@ -332,13 +322,17 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
     def set_mask(self, target: Any, keep: Any) -> None:
         """Store a mask: entries where ``keep`` is 1/True train, the others stay frozen.
 
+        With ``policy="reset"`` the newly frozen entries' slots go back to their initial values now.
+        With ``state="sparse"``, a mask set before ``build`` fixes the variable's trainable entries;
+        after ``build`` only the same mask is accepted.
+
         Args:
             target: a variable, or its path string (``variable.path``).
             keep: bool-like, broadcastable to the variable (a scalar, a row, a full array).
 
         Raises:
             ValueError: an unknown path (close matches listed), a variable the optimizer was not
-                built for, or a mask that does not broadcast to the variable.
+                built for, a mask that does not broadcast to the variable, or a changed sparse selection.
 
         >>> v = keras.Variable([1.0, 2.0, 3.0], name="w")
         >>> opt = MaskedOptimizer("sgd"); opt.build([v])
@@ -349,8 +343,29 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         if isinstance(variable, str):  # before build: validated and stored at build
             self._pending[variable] = np.asarray(keep).astype(bool)
             return
-        keep = _check_mask(keep, variable, "set_mask")
-        self._masks.keep[self._mask_index[self._var_key(variable)]].assign(keep)
+        self._store(variable, keep, reset=self.policy == "reset")
+
+    def _store(self, variable: Any, keep: Any, reset: bool) -> None:
+        keep = _masks.check_mask(keep, variable, "set_mask")
+        index = self._mask_index[self._var_key(variable)]
+        if self._sparse.check_set(variable, keep):
+            return  # the same fixed selection: stored as the sparse state's index
+        mode = _masks.host_mode(keep, tuple(variable.shape))
+        stored = keep if mode not in (_masks.UNMASKED, _masks.FROZEN) else np.asarray(mode == _masks.UNMASKED)
+        self._masks.keep[index].assign(stored)
+        modes = self._masks.mode[0].numpy()
+        modes[index] = mode
+        self._masks.mode[0].assign(modes)
+        if reset and mode != _masks.UNMASKED:
+            self._reset_slots(variable, stored)
+
+    def _reset_slots(self, variable: Any, keep: np.ndarray) -> None:
+        for path in self._paths:
+            key = path.leaf._var_key(variable)
+            for name, slot in path.slots.get(key, []):
+                k = _masks.slot_keep(tf.constant(keep), variable, slot, name)
+                initial = tf.cast(path.reset_to.get(path.leaf._var_key(slot), 0.0), slot.dtype)
+                slot.assign(tf.where(k, tf.convert_to_tensor(slot), initial))
 
     def get_mask(self, target: Any) -> np.ndarray | None:
         """Return the stored mask broadcast to the variable (True = trains), or None when there is none.
@@ -372,6 +387,9 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         if isinstance(variable, str):
             keep = self._pending.get(variable)
             return None if keep is None else np.array(keep)
+        sparse = self._sparse.mask(variable)
+        if sparse is not None:
+            return sparse
         keep = self._masks.keep[self._mask_index[self._var_key(variable)]].numpy()
         if keep.ndim == 0 and bool(keep):
             return None
@@ -383,6 +401,9 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         Args:
             target: a variable, or its path string.
 
+        Raises:
+            ValueError: with ``state="sparse"``, a variable whose selection is fixed.
+
         >>> v = keras.Variable([1.0, 2.0], name="w")
         >>> opt = MaskedOptimizer("adam"); opt.build([v]); opt.set_mask(v, [0, 1])
         >>> opt.clear_mask(v); opt.get_mask(v) is None
@@ -392,21 +413,21 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         if isinstance(variable, str):
             self._pending.pop(variable, None)
             return
-        self._masks.keep[self._mask_index[self._var_key(variable)]].assign(True)
+        self.set_mask(variable, True)
 
     def mask_bytes(self) -> int:
-        """Bytes the stored masks take (1 per stored entry, 1 per variable without a mask).
+        """Bytes the stored masks take: 1 per stored entry, 1 per variable without a mask, 4 per variable's mode.
 
         Returns:
-            The total size of the mask variables, in bytes.
+            The total size of the mask and mode variables, in bytes.
 
         >>> v = keras.Variable(np.zeros((4, 5)), name="w")
         >>> opt = MaskedOptimizer("adam"); opt.build([v]); opt.mask_bytes()
-        1
-        >>> opt.set_mask(v, np.ones((4, 5))); opt.mask_bytes()
-        20
+        5
+        >>> opt.set_mask(v, np.random.default_rng(0).random((4, 5)) < 0.5); opt.mask_bytes()
+        24
         """
-        return int(sum(tf.size(m).numpy() * m.dtype.size for m in self._masks.keep))
+        return int(sum(tf.size(m).numpy() * m.dtype.size for m in list(self._masks.keep) + list(self._masks.mode)))
 
     # -- applying a step --------------------------------------------------------------------------
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]], masks: Sequence[Any] | None = None) -> Any:
@@ -467,200 +488,70 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                     "expected at most one mask per (gradient, variable) pair"
                 )
             masks += [None] * (len(variables) - len(masks))
-        keeps = [self._keep(v, None if masks is None else masks[i], i) for i, v in enumerate(variables)]
+            masks = [None if m is None else _masks.as_keep(m, v, f"masks[{i}]") for i, (m, v) in enumerate(zip(masks, variables))]
+            masks = self._sparse.check_call_masks(variables, masks)
+        if self.jit_update and not in_xla():
+            return self._jit_apply(grads, variables, masks)
+        self._apply_now(grads, variables, masks)
+
+    def _jit_apply(self, grads: list[Any], variables: list[Any], masks: list[Any] | None) -> None:
+        key = tuple(self._var_key(v) for v in variables)
+        if key not in self._jitted:
+            self._jitted[key] = tf.function(lambda g, m: self._apply_now(g, variables, m), jit_compile=True)
+        self._jitted[key](grads, masks)
+
+    def _apply_now(self, grads: list[Any], variables: list[Any], masks: list[Any] | None) -> None:
+        step = Step()
+        keeps = []
+        for i, v in enumerate(variables):
+            key = self._var_key(v)
+            index = self._mask_index[key]
+            override = None if masks is None else masks[i]
+            in_graph = override is not None
+            if in_graph:
+                keep = override
+            else:
+                keep = tf.convert_to_tensor(self._masks.keep[index])
+                mode = tf.gather(tf.convert_to_tensor(self._masks.mode[0]), index)
+            if self.mask_fn is not None:
+                extra = self.mask_fn(self.iterations, v)
+                if extra is not None:
+                    keep = tf.logical_and(keep, _masks.as_keep(extra, v, "mask_fn's result"))
+                    in_graph = True
+            if in_graph:
+                mode = _masks.graph_mode(keep)
+            keeps.append(keep)
+            step.keeps[key], step.modes[key] = keep, mode
+            step.resets[key] = in_graph and self.policy == "reset"
         zero_frozen = self.policy == "none" or (self.norms == "trainable" and self._norms_see_gradients())
         if zero_frozen:
-            grads = [g if g is None else _zero_where_frozen(g, k) for g, k in zip(grads, keeps)]
+            grads = [g if g is None else _masks.zero_where_frozen(g, k, v) for g, k, v in zip(grads, keeps, variables)]
+        grads, variables, step = self._sparse.gather(grads, variables, step)
         if self.policy == "none":
             self.inner.apply(grads, variables)
             return
-        object.__setattr__(self, "_active", self._targets(variables, keeps))
+        self._context.start(step)
         swapped = []
         try:
-            for v, keep in zip(variables, keeps):
+            for v in variables:
                 constraint = getattr(v, "constraint", None)
-                if constraint is not None:
+                keep = step.keeps.get(self._var_key(v))
+                if constraint is not None and keep is not None:
                     swapped.append((v, constraint))
-                    v.constraint = _masked_constraint(constraint, keep)
+                    v.constraint = masked_constraint(constraint, keep)
             self.inner.apply(grads, variables)
         finally:
-            object.__setattr__(self, "_active", None)
+            self._context.stop()
             for v, constraint in swapped:
                 v.constraint = constraint
+        self._sparse.scatter()
 
     def _norms_see_gradients(self) -> bool:
         """Whether zeroing frozen gradients can change what the inner optimizer writes."""
         return any(
-            leaf.clipnorm or leaf.global_clipnorm or not isinstance(leaf, _ELEMENTWISE)
+            leaf.clipnorm or leaf.global_clipnorm or not isinstance(leaf, ELEMENTWISE)
             for leaf in _leaves(self.inner)
         )
-
-    def _keep(self, variable: Any, override: Any, index: int) -> tf.Tensor:
-        """The boolean mask in force for ``variable`` this step (True = train)."""
-        if override is not None:
-            keep = _as_keep(override, variable, f"masks[{index}]")
-        else:
-            keep = tf.convert_to_tensor(self._masks.keep[self._mask_index[self._var_key(variable)]])
-        if self.mask_fn is not None:
-            extra = self.mask_fn(self.iterations, variable)
-            if extra is not None:
-                keep = tf.logical_and(keep, _as_keep(extra, variable, "mask_fn's result"))
-        return keep
-
-    def _targets(self, variables: Sequence[Any], keeps: Sequence[tf.Tensor]) -> dict[int, _Target]:
-        targets: dict[int, _Target] = {}
-        for leaf in _leaves(self.inner):
-            for v, keep in zip(variables, keeps):
-                if not self._knows(leaf, v):
-                    continue
-                targets[leaf._var_key(v)] = _Target(keep, None)
-                for name, slot in slots(leaf, v).items():
-                    key = leaf._var_key(slot)
-                    reset_to = self._initial.get(key, 0.0) if self.policy == "reset" else None
-                    targets[key] = _Target(_slot_keep(keep, v, slot, name), reset_to)
-        return targets
-
-    # -- the interception, installed once per writing optimizer ------------------------------------
-    def _install(self, leaf: keras.optimizers.Optimizer) -> None:
-        key = leaf._var_key
-        assign, assign_add, assign_sub = leaf.assign, leaf.assign_add, leaf.assign_sub
-        decay = leaf._apply_weight_decay
-        ema_update = leaf._update_model_variables_moving_average
-        ema_overwrite = leaf._overwrite_model_variables_with_average_value
-        accumulate = leaf._backend_increment_gradient_accumulators
-        reset_accumulators = leaf._backend_reset_gradient_accumulators
-        wrapper = self
-
-        def target(variable: Any) -> _Target | None:
-            active = wrapper._active
-            return None if active is None else active.get(key(variable))
-
-        def masked_assign(variable: Any, value: Any) -> Any:
-            t = target(variable)
-            if t is None:
-                return assign(variable, value)
-            value = _dense(value, variable)
-            old = tf.convert_to_tensor(variable) if t.reset_to is None else tf.cast(t.reset_to, variable.dtype)
-            return assign(variable, _where(t.keep, value, old, variable))
-
-        def masked_increment(write: Any, pad: float, combine: Any) -> Any:
-            def increment(variable: Any, value: Any) -> Any:
-                t = target(variable)
-                if t is None:
-                    return write(variable, value)
-                value = _dense(value, variable)
-                if t.reset_to is None:
-                    return write(variable, _where(t.keep, value, tf.constant(pad, variable.dtype), variable))
-                new = combine(tf.convert_to_tensor(variable), value)
-                return assign(variable, _where(t.keep, new, tf.cast(t.reset_to, variable.dtype), variable))
-
-            return increment
-
-        def masked_decay(variables: Sequence[Any]) -> None:
-            if wrapper._active is None or leaf.weight_decay is None:
-                return decay(variables)
-            decay([v for v in variables if target(v) is None])
-            standard = type(leaf)._apply_weight_decay is keras.optimizers.Optimizer._apply_weight_decay
-            for v in variables:
-                t = target(v)
-                if t is None or not leaf._use_weight_decay(v):
-                    continue
-                var = v.value if isinstance(v, keras.Variable) else v
-                if standard:  # the TF backend's formula, with the frozen entries' decay set to +0
-                    lr = tf.cast(leaf.learning_rate, var.dtype)
-                    wd = tf.cast(leaf.weight_decay, var.dtype)
-                    var.assign_sub(_where(t.keep, var * wd * lr, tf.zeros_like(var), var))
-                else:  # an optimizer with its own decay rule: run it, then put frozen entries back
-                    before = tf.identity(var)
-                    decay([v])
-                    var.assign(_where(t.keep, tf.convert_to_tensor(var), before, var))
-
-        def masked_ema_update(variables: Sequence[Any]) -> None:
-            if wrapper._active is None:
-                return ema_update(variables)
-            for var, average in zip(variables, leaf._model_variables_moving_average):
-                if average is None:
-                    continue
-                first = tf.cast(tf.not_equal(leaf.iterations, 0), var.dtype)
-                momentum = first * tf.cast(leaf.ema_momentum, var.dtype)
-                new = momentum * average + (1 - momentum) * tf.convert_to_tensor(var)
-                t = target(var)
-                average.assign(new if t is None else _where(t.keep, new, tf.convert_to_tensor(average), average))
-
-        def masked_ema_overwrite(variables: Sequence[Any]) -> None:
-            if wrapper._active is None:
-                return ema_overwrite(variables)
-            for var, average in zip(variables, leaf._model_variables_moving_average):
-                if average is None:
-                    continue
-                t = target(var)
-                new = tf.convert_to_tensor(average)
-                var.assign(new if t is None else _where(t.keep, new, tf.convert_to_tensor(var), var))
-
-        def masked_accumulate(grads: Sequence[Any], accumulators: Sequence[Any]) -> None:
-            if wrapper._active is None:
-                return accumulate(grads, accumulators)
-            for g, acc in zip(grads, accumulators):
-                t = target(acc)
-                new = tf.convert_to_tensor(acc) + _dense(g, acc)
-                acc.assign(new if t is None else _where(t.keep, new, tf.convert_to_tensor(acc), acc))
-
-        overrides = []
-        if isinstance(leaf, keras.optimizers.Lamb):
-            overrides.append(("update_step", self._lamb_update_step(leaf, target)))
-        def masked_reset_accumulators() -> None:
-            if wrapper._active is None:
-                return reset_accumulators()
-            for acc in leaf._accumulated_gradients:
-                if acc is None:
-                    continue
-                t = target(acc)
-                zero = tf.zeros(acc.shape, acc.dtype)
-                acc.assign(zero if t is None else _where(t.keep, zero, tf.convert_to_tensor(acc), acc))
-
-        # Instance attributes shadow the class's methods; object.__setattr__ keeps Keras' tracker out.
-        for name, fn in (*overrides,("assign", masked_assign),
-                         ("assign_add", masked_increment(assign_add, -0.0, tf.add)),
-                         ("assign_sub", masked_increment(assign_sub, 0.0, tf.subtract)),
-                         ("_apply_weight_decay", masked_decay),
-                         ("_update_model_variables_moving_average", masked_ema_update),
-                         ("_overwrite_model_variables_with_average_value", masked_ema_overwrite),
-                         ("_backend_increment_gradient_accumulators", masked_accumulate),
-                         ("_backend_reset_gradient_accumulators", masked_reset_accumulators)):
-            object.__setattr__(leaf, name, fn)
-
-    def _lamb_update_step(self, leaf: Any, target: Callable[[Any], _Target | None]) -> Callable[..., None]:
-        """Lamb's step with its trust ratio over trainable entries only, for ``norms="trainable"``.
-
-        Keras' ``Lamb.update_step`` with ``||w||`` and ``||update||`` summed where the mask trains; the
-        same formula otherwise (``norms="all"``, or a variable without a target this step).
-        """
-        plain = leaf.update_step
-        wrapper = self
-
-        def update_step(gradient: Any, variable: Any, learning_rate: Any) -> None:
-            t = target(variable)
-            if t is None or wrapper.norms != "trainable":
-                return plain(gradient, variable, learning_rate)
-            dtype = variable.dtype
-            lr = tf.cast(learning_rate, dtype)
-            gradient = tf.cast(gradient, dtype)
-            step = tf.cast(leaf.iterations + 1, dtype)
-            beta_1_power = tf.pow(tf.cast(leaf.beta_1, dtype), step)
-            beta_2_power = tf.pow(tf.cast(leaf.beta_2, dtype), step)
-            index = leaf._get_variable_index(variable)
-            m, v = leaf._momentums[index], leaf._velocities[index]
-            leaf.assign_add(m, (gradient - m) * (1 - leaf.beta_1))
-            leaf.assign_add(v, (tf.square(gradient) - v) * (1 - leaf.beta_2))
-            update = keras.ops.divide(keras.ops.divide(m, 1.0 - beta_1_power),
-                                      keras.ops.add(keras.ops.sqrt(keras.ops.divide(v, 1.0 - beta_2_power)), leaf.epsilon))
-            zero = tf.zeros((), dtype)  # Keras' own ops below, so an all-True mask gives Keras' bits
-            w_norm = keras.ops.sqrt(keras.ops.sum(keras.ops.power(tf.where(t.keep, tf.convert_to_tensor(variable), zero), 2)))
-            g_norm = keras.ops.sqrt(keras.ops.sum(keras.ops.power(tf.where(t.keep, update, zero), 2)))
-            ratio = tf.where(w_norm > 0, tf.where(g_norm > 0, w_norm / g_norm, 1.0), 1.0)
-            leaf.assign_sub(variable, ratio * lr * update)
-
-        return update_step
 
     # -- saving -----------------------------------------------------------------------------------
     def load_own_variables(self, store: Any) -> None:
@@ -673,7 +564,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             ValueError: the store holds a different number of variables.
 
         >>> w = keras.Variable([1.0, 2.0], name="w"); opt = MaskedOptimizer("sgd"); opt.build([w])
-        >>> opt.load_own_variables({"0": 0, "1": 0.1, "2": [True, False]}); opt.get_mask(w).tolist()
+        >>> opt.load_own_variables({"0": 0, "1": 0.1, "2": [True, False], "3": [2]}); opt.get_mask(w).tolist()
         [True, False]
         """
         variables = self.variables
@@ -707,13 +598,18 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                 )
             else:
                 mask_fn = keras.saving.serialize_keras_object(self.mask_fn)
-        return {
+        config = {
             "name": self.name,
             "inner": keras.saving.serialize_keras_object(self.inner),
             "policy": self.policy,
             "norms": self.norms,
             "mask_fn": mask_fn,
         }
+        if self.state != "dense":
+            config.update(state=self.state, sparse_sizes=self._sparse.sizes())
+        if self.jit_update:
+            config["jit_update"] = True
+        return config
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> MaskedOptimizer:
@@ -736,98 +632,3 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         if mask_fn is not None:
             mask_fn = keras.saving.deserialize_keras_object(mask_fn, custom_objects=custom_objects)
         return cls(inner, mask_fn=mask_fn, **config)
-
-
-class _MaskStore(tf.Module):
-    """The mask variables, one per built variable, in build order (a TF-tracked child for checkpoints)."""
-
-    def __init__(self) -> None:
-        super().__init__(name="masks")
-        self.keep: list[tf.Variable] = []
-
-
-def _masked_constraint(constraint: Callable[[Any], Any], keep: tf.Tensor) -> Callable[[Any], Any]:
-    def masked(value: Any) -> Any:
-        value = tf.convert_to_tensor(value)
-        return _where(keep, tf.convert_to_tensor(constraint(value), value.dtype), value, value)
-
-    return masked
-
-
-def _where(keep: tf.Tensor, new: Any, old: Any, like: Any) -> tf.Tensor:
-    """``tf.where(keep, new, old)`` with the static shape of ``like`` (a stored mask's shape is dynamic)."""
-    result = tf.where(keep, new, old)
-    if not tf.executing_eagerly() and result.shape != like.shape:
-        result.set_shape(like.shape)
-    return result
-
-
-def _zero_where_frozen(grad: Any, keep: tf.Tensor) -> tf.Tensor:
-    grad = tf.convert_to_tensor(grad)
-    return _where(keep, grad, tf.zeros((), grad.dtype), grad)
-
-
-def _dense(value: Any, target: Any) -> tf.Tensor:
-    """A sparse or Python value as a dense tensor of the target's dtype."""
-    if isinstance(value, tf.IndexedSlices):
-        value = tf.convert_to_tensor(value)
-    return tf.cast(value, target.dtype)
-
-
-def _slot_keep(keep: tf.Tensor, variable: Any, slot: Any, name: str) -> tf.Tensor:
-    """The mask of a slot: the variable's, or for a factored statistic (Adafactor's row/column), any-of."""
-    var_shape, slot_shape = tuple(variable.shape), tuple(slot.shape)
-    if slot_shape == var_shape or keep.shape.rank == 0:
-        return keep
-    full = tf.broadcast_to(keep, var_shape)
-    for axis in range(len(var_shape)):
-        if var_shape[:axis] + var_shape[axis + 1:] == slot_shape:
-            return tf.reduce_any(full, axis=axis)
-    raise ValueError(
-        f"MaskedOptimizer: slot {name!r} of {variable_path(variable)!r} has shape {slot_shape}, which is "
-        f"neither the variable's {var_shape} nor the variable's with one axis reduced; only a scalar "
-        "mask can hold it"
-    )
-
-
-def _check_mask(keep: Any, variable: Any, where: str) -> np.ndarray:
-    """A stored mask as a boolean array, checked to broadcast to the variable without growing it."""
-    try:
-        array = np.asarray(keep)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"MaskedOptimizer.{where}: the mask for {variable_path(variable)!r} is not array-like: {e}") from None
-    if array.dtype.kind not in "biuf":
-        raise ValueError(
-            f"MaskedOptimizer.{where}: the mask for {variable_path(variable)!r} has dtype {array.dtype}; "
-            "expected bool or numbers (1/True = train, 0/False = frozen)"
-        )
-    shape = tuple(variable.shape)
-    try:
-        grown = np.broadcast_shapes(array.shape, shape) != shape
-    except ValueError:
-        grown = True
-    if grown or array.ndim > len(shape):
-        raise ValueError(
-            f"MaskedOptimizer.{where}: the mask for {variable_path(variable)!r} has shape {array.shape}; "
-            f"expected a scalar or a shape broadcastable to the variable's {shape}"
-        )
-    return array.astype(bool)
-
-
-def _as_keep(mask: Any, variable: Any, what: str) -> tf.Tensor:
-    """Validate one in-graph mask and return it as a boolean tensor (True = train this step)."""
-    keep = tf.convert_to_tensor(mask)
-    if keep.dtype != tf.bool:
-        keep = tf.not_equal(keep, tf.zeros((), keep.dtype))
-    shape = tf.TensorShape(variable.shape)
-    try:
-        broadcast = tf.broadcast_static_shape(keep.shape, shape)
-    except ValueError:
-        broadcast = None
-    too_many = keep.shape.rank is not None and keep.shape.rank > shape.rank
-    if broadcast is None or too_many or (broadcast.is_fully_defined() and broadcast != shape):
-        raise ValueError(
-            f"MaskedOptimizer: {what} for {variable_path(variable)!r} has shape {keep.shape}; "
-            f"expected None, a scalar, or a shape broadcastable to the variable's {shape}"
-        )
-    return keep

@@ -17,7 +17,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from freezing._wrappers import unwrap
+from freezing._wrappers import unwrap, wrapper_chain
 from freezing.selection import variable_path
 
 
@@ -68,7 +68,8 @@ def slots(optimizer: Any, variable: Any) -> dict[str, Any]:
     Keras 3 slots are named as Keras names them (Adam: ``momentum``, ``velocity``, and
     ``velocity_hat`` with AMSGrad; Adagrad: ``accumulator``; ...); ``tf.compat.v1.train`` slots by
     their slot names (Adam: ``m``, ``v``; RMSProp: ``rms``, ``momentum``, ``mg``). Wrappers
-    (``MaskedOptimizer``, ``LossScaleOptimizer``) are looked through. Plain SGD has none.
+    (``MaskedOptimizer``, ``LossScaleOptimizer``) are looked through. Plain SGD has none. A variable
+    with ``MaskedOptimizer(..., state="sparse")`` state has slots of its K trainable entries only.
 
     Args:
         optimizer: a Keras 3 optimizer (built), a ``tf.compat.v1.train.Optimizer``, or a wrapper of one.
@@ -94,6 +95,10 @@ def slots(optimizer: Any, variable: Any) -> dict[str, Any]:
         >>> slots(adam, w)["momentum"].numpy().round(4).tolist()
         [0.1, -0.1]
     """
+    for wrapper in wrapper_chain(optimizer):  # a MaskedOptimizer with sparse state keeps it for a scratch variable
+        reference = getattr(getattr(wrapper, "_sparse", None), "reference", None)
+        if reference is not None and getattr(wrapper, "built", False):
+            variable = reference(variable)
     optimizer = unwrap(optimizer)
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         found = {name: optimizer.get_slot(variable, name) for name in optimizer.get_slot_names()}

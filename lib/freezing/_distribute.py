@@ -1,0 +1,108 @@
+"""``MaskedOptimizer`` under ``tf.distribute``: what runs, and a clear error at construction or build for what does not.
+
+Runs, exactly (every replica holds the frozen bits, and the replicas stay identical):
+
+* ``MirroredStrategy`` (one machine, several devices): ``compile``/``fit``, masks set between steps
+  or from a callback, ``MaskSchedule``, ``.keras`` save/load, custom loops with ``strategy.run``;
+* ``MultiWorkerMirroredStrategy`` custom loops (``strategy.run`` with ``apply_gradients(...,
+  masks=...)`` or stored masks);
+* ``OneDeviceStrategy`` and the default strategy.
+
+Each replica's update reads its own copy of the mask and mode, passed to it through the same
+``merge_call``/``extended.update`` that carries its gradient (``freezing._write_path``).
+
+Refused, with the reason in the message:
+
+* ``ParameterServerStrategy``, ``CentralStorageStrategy``, TPU strategies: Keras 3 has no ``fit``
+  for them, and their variable placement is not what the write path is built for (the study's
+  parameter server runs the optimizer on the parameter servers itself);
+* under any strategy, an inner optimizer with ``use_ema`` or ``gradient_accumulation_steps``
+  (plain Keras 3.15 fails the same way: a ``merge_call`` inside a ``cond``), ``jit_update=True``
+  (XLA cannot compile a ``merge_call``), ``state="sparse"``, and an inner optimizer created outside
+  the strategy's scope (its updates would not reach every replica);
+
+Not this library's to refuse: ``model.fit`` under ``MultiWorkerMirroredStrategy``. Keras 3.15's own
+``fit`` fails there with any optimizer, before it builds the optimizer or changes a variable
+(``ValueError: Attempt to convert a value (PerReplica ...)`` from the ``strategy.reduce`` in
+``_maybe_symbolic_build``; keras-team/keras#20585, tensorflow/tensorflow#72388; patched past that, its
+``reduce_per_replica`` fails next on the scalar logs). Use a custom loop there. A test runs plain
+Keras ``fit`` in two worker processes and fails when it starts working.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+UPSTREAM_FIT_BUG = "keras-team/keras#20585, tensorflow/tensorflow#72388"
+"""The upstream issues that make Keras 3's own ``fit`` fail under ``MultiWorkerMirroredStrategy``."""
+
+SUPPORTED = ("MirroredStrategy", "MultiWorkerMirroredStrategy", "CollectiveAllReduceStrategy",
+             "OneDeviceStrategy", "_DefaultDistributionStrategy")
+
+
+def _strategy() -> Any:
+    return tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+
+
+def _name(strategy: Any) -> str:
+    return type(strategy).__name__
+
+
+def is_multi_worker(strategy: Any) -> bool:
+    """Whether ``strategy`` spans worker processes (``MultiWorkerMirroredStrategy``)."""
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or _name(strategy) == "CollectiveAllReduceStrategy"
+
+
+def check_construction(wrapper: Any) -> None:
+    """Refuse, at construction, what no strategy can run and the strategies that are not supported."""
+    strategy = _strategy()
+    if strategy is None:
+        return
+    _check_kind(strategy, "construction")
+    _check_options(wrapper, strategy, "construction")
+
+
+def check_build(wrapper: Any, leaves: list[Any]) -> None:
+    """Refuse, at build (before any step), what the strategy in force cannot run."""
+    strategy = _strategy()
+    if strategy is None:
+        return
+    _check_kind(strategy, "build")
+    _check_options(wrapper, strategy, "build")
+    for leaf in leaves:
+        if leaf.use_ema or leaf.gradient_accumulation_steps:
+            option = "use_ema" if leaf.use_ema else "gradient_accumulation_steps"
+            raise ValueError(
+                f"MaskedOptimizer (build): {option} on the inner optimizer is not supported under "
+                f"{_name(strategy)}: Keras 3 itself fails there (a merge_call inside a cond); drop {option}"
+            )
+        owner = getattr(leaf, "_distribution_strategy", None)
+        if owner is not strategy:
+            raise ValueError(
+                f"MaskedOptimizer (build): the inner optimizer {leaf.name!r} was created outside "
+                f"{_name(strategy)}.scope(); create it (and the MaskedOptimizer) inside the scope"
+            )
+
+
+def _check_kind(strategy: Any, where: str) -> None:
+    if _name(strategy) not in SUPPORTED and not isinstance(
+            strategy, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy,
+                       tf.distribute.OneDeviceStrategy)):
+        raise ValueError(
+            f"MaskedOptimizer ({where}): {_name(strategy)} is not supported (Keras 3 has no fit for it, and "
+            "its variable placement is not what the masked write is built for); supported: MirroredStrategy, "
+            "MultiWorkerMirroredStrategy (custom loops), OneDeviceStrategy, the default strategy"
+        )
+
+
+def _check_options(wrapper: Any, strategy: Any, where: str) -> None:
+    if isinstance(strategy, tf.distribute.OneDeviceStrategy):
+        return
+    if wrapper.jit_update:
+        raise ValueError(f"MaskedOptimizer ({where}): jit_update=True is not supported under {_name(strategy)} "
+                         "(XLA cannot compile the merge_call that applies an update to every replica)")
+    if wrapper.state == "sparse":
+        raise ValueError(f"MaskedOptimizer ({where}): state='sparse' is not supported under {_name(strategy)}; "
+                         "use state='dense'")

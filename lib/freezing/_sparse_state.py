@@ -1,0 +1,206 @@
+"""Sparse optimizer state for a fixed selection: inner slots only for the entries that train.
+
+``MaskedOptimizer(inner, state="sparse")``: a variable whose mask is set before ``build`` (FISH-style
+sparse fine-tuning, new embedding rows, new output columns) gets, instead of the inner optimizer's
+full-size slots,
+
+* ``index`` -- the flat positions of its K trainable entries (``int32``, row-major order), saved
+  with the optimizer: the selection itself (the full mask is not stored);
+* ``values`` -- a K-entry scratch variable the inner optimizer updates, and builds its slots from
+  (Adam: ``m`` and ``v`` of K entries each).
+
+At every step the trainable entries' values and gradients are gathered into ``values``, the inner
+optimizer updates ``values`` with its own ``update_step`` (nothing masked, nothing extra), and the
+result is scattered back. Memory is ``K * (4 + 4 + slot bytes)`` instead of ``N * slot bytes``, and
+the update costs in proportion to K. An elementwise optimizer (SGD, Adam, AdamW, RMSprop, ...)
+computes each entry from that entry's gradient and state alone, so the trainable entries get the
+bits the dense ``hold`` path gives them; gradient clipping by norm and Lamb's trust ratio sum over
+the K entries in another order than over the dense variable, so they agree to float rounding.
+
+A selection that is wholly frozen keeps no state at all; a wholly trainable one is a dense variable.
+The selection is fixed: after ``build`` only the same mask is accepted (``set_mask`` raises).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from freezing import _masks
+from freezing.selection import variable_path
+
+SPARSE = 4
+"""The mode of a variable whose state is sparse (its update runs on the gathered entries)."""
+
+
+class _Entry:
+    __slots__ = ("variable", "index", "values", "size")
+
+    def __init__(self, variable: Any, index: tf.Variable, values: keras.Variable, size: int):
+        self.variable, self.index, self.values, self.size = variable, index, values, size
+
+
+class SparseState:
+    """The sparse state of one ``MaskedOptimizer``: one ``_Entry`` per variable with a fixed selection."""
+
+    def __init__(self, wrapper: Any, sizes: dict[str, int]):
+        self.wrapper = wrapper
+        self._sizes = dict(sizes)  # path -> K, from a saved config: build creates K-entry state
+        self.entries: dict[int, _Entry] = {}  # variable key -> entry
+        self.frozen: set[int] = set()  # variables wholly frozen under sparse state: no inner state at all
+        self._by_values: dict[int, _Entry] = {}  # key of the scratch variable -> entry
+
+    @property
+    def on(self) -> bool:
+        return self.wrapper.state == "sparse"
+
+    # -- build ------------------------------------------------------------------------------------
+    def build(self, var_list: list[Any], pending: dict[str, np.ndarray]) -> list[Any]:
+        """Create the sparse state; return what the inner optimizer is built with (scratch for sparse ones)."""
+        if not self.on:
+            return var_list
+        wrapper, out = self.wrapper, []
+        for v in var_list:
+            path, key = variable_path(v), wrapper._var_key(v)
+            keep = pending.get(path)
+            if keep is not None:
+                keep = _masks.check_mask(keep, v, "set_mask")
+                flat = np.flatnonzero(np.broadcast_to(keep, tuple(v.shape)))
+                size = int(flat.size)
+            elif path in self._sizes:
+                flat, size = None, int(self._sizes[path])
+            else:
+                out.append(v)
+                continue
+            if size == int(np.prod(v.shape)):
+                out.append(v)
+                continue
+            if getattr(v, "constraint", None) is not None:
+                raise ValueError(f"MaskedOptimizer: state='sparse' cannot apply the constraint of {path!r} "
+                                 "to a selection; use the dense state for it")
+            if size == 0:
+                self.frozen.add(key)
+                continue
+            index = tf.Variable(np.zeros(size, np.int32) if flat is None else flat.astype(np.int32),
+                                trainable=False, name=f"sparse_index_{len(self.entries)}")
+            initial = np.zeros(size, v.dtype) if flat is None else np.asarray(v.numpy()).reshape(-1)[flat]
+            values = keras.Variable(initial, dtype=v.dtype, trainable=False, name=v.name)
+            entry = _Entry(v, index, values, size)
+            self.entries[key] = entry
+            self._by_values[id(values)] = entry
+            wrapper._masks.index.append(index)
+            out.append(values)
+        return out
+
+    def variables(self) -> list[Any]:
+        """The saved sparse state: the selections (the scratch values are refilled at every step)."""
+        return [e.index for e in self.entries.values()]
+
+    def sizes(self) -> dict[str, int]:
+        """``{path: K}`` for the config: what ``build`` needs to recreate the state before loading it."""
+        out = {variable_path(e.variable): e.size for e in self.entries.values()}
+        for key in self.frozen:
+            out[variable_path(self._variable(key))] = 0
+        return out
+
+    def _variable(self, key: int) -> Any:
+        return next(v for v in self.wrapper._trainable_variables if self.wrapper._var_key(v) == key)
+
+    def inner_variables(self, var_list: Any) -> list[Any]:
+        """``var_list`` as the inner optimizer knows it (scratch values for sparse variables)."""
+        out = []
+        for v in var_list:
+            key = self.wrapper._var_key(v)
+            if key in self.frozen:
+                continue
+            out.append(self.entries[key].values if key in self.entries else v)
+        return out
+
+    def reference(self, variable: Any) -> Any:
+        """The variable the inner optimizer keeps state for: the scratch values of a sparse one."""
+        entry = self.entries.get(self.wrapper._var_key(variable)) if self.entries else None
+        return variable if entry is None else entry.values
+
+    # -- masks --------------------------------------------------------------------------------------
+    def mask(self, variable: Any) -> np.ndarray | None:
+        """The fixed selection of a sparse variable as a full boolean mask, or None when it is dense."""
+        key = self.wrapper._var_key(variable)
+        if key in self.frozen:
+            return np.zeros(tuple(variable.shape), bool)
+        entry = self.entries.get(key)
+        if entry is None:
+            return None
+        flat = np.zeros(int(np.prod(variable.shape)), bool)
+        flat[entry.index.numpy()] = True
+        return flat.reshape(tuple(variable.shape))
+
+    def check_set(self, variable: Any, keep: np.ndarray) -> bool:
+        """Refuse a changed selection; True when the variable's state is sparse (nothing else to store)."""
+        current = self.mask(variable)
+        if current is None:
+            return False
+        if not np.array_equal(np.broadcast_to(keep, current.shape), current):
+            raise ValueError(
+                f"MaskedOptimizer: {variable_path(variable)!r} has sparse state for a fixed selection of "
+                f"{int(current.sum())} entries; a different mask needs state='dense' (or a new optimizer)"
+            )
+        return True
+
+    def check_call_masks(self, variables: list[Any], masks: list[Any]) -> list[Any]:
+        """Per-call masks cannot change a fixed selection: refuse one on a sparse variable."""
+        for v, m in zip(variables, masks):
+            key = self.wrapper._var_key(v)
+            if m is not None and (key in self.entries or key in self.frozen):
+                raise ValueError(f"MaskedOptimizer: masks= for {variable_path(v)!r}, whose state is sparse "
+                                 "(a fixed selection); pass None for it")
+        return masks
+
+    # -- the step -----------------------------------------------------------------------------------
+    def gather(self, grads: list[Any], variables: list[Any], step: Any) -> tuple[list[Any], list[Any], Any]:
+        """Swap each sparse variable for its scratch values (refilled from the variable) and gathered gradient."""
+        if not (self.entries or self.frozen):
+            return grads, variables, step
+        wrapper = self.wrapper
+        out_g, out_v = [], []
+        self._pending_scatter = []
+        for g, v in zip(grads, variables):
+            key = wrapper._var_key(v)
+            if key in self.frozen:
+                continue
+            entry = self.entries.get(key)
+            if entry is None:
+                out_g.append(g)
+                out_v.append(v)
+                continue
+            index = tf.convert_to_tensor(entry.index)
+            entry.values.assign(tf.gather(tf.reshape(tf.convert_to_tensor(v), [-1]), index))
+            if g is not None:
+                g = tf.gather(tf.reshape(tf.convert_to_tensor(g), [-1]), index)
+            out_g.append(g)
+            out_v.append(entry.values)
+            values_key = wrapper._var_key(entry.values)
+            step.keeps[values_key] = tf.constant(True)
+            step.modes[values_key] = tf.constant(_masks.UNMASKED, tf.int32)
+            step.resets[values_key] = False
+            self._pending_scatter.append(entry)
+        return out_g, out_v, step
+
+    def scatter(self) -> None:
+        """Write the updated scratch values back into their variables."""
+        for entry in getattr(self, "_pending_scatter", []):
+            shape = tf.constant(tuple(entry.variable.shape), tf.int32)
+            where = tf.transpose(tf.unravel_index(tf.convert_to_tensor(entry.index), shape))
+            variable = entry.variable.value if isinstance(entry.variable, keras.Variable) else entry.variable
+            variable.scatter_nd_update(where, tf.convert_to_tensor(entry.values))
+        self._pending_scatter = []
+
+    def optimizer_bytes(self, inner_slots: dict[str, Any], variable: Any) -> int:
+        """Bytes of optimizer state for ``variable``: its slots, plus its selection and scratch when sparse."""
+        total = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in inner_slots.values())
+        entry = self.entries.get(self.wrapper._var_key(variable))
+        if entry is not None:
+            total += entry.size * (4 + np.dtype(entry.values.dtype).itemsize)
+        return total
