@@ -1,4 +1,5 @@
-"""LocalCluster: starts real tf.distribute.Server processes, always ends them; TF_CONFIG checks; clear errors."""
+"""LocalCluster: starts real tf.distribute.Server processes, always ends them; TF_CONFIG checks; clear errors; the
+address every task listens on."""
 
 import json
 import os
@@ -9,6 +10,7 @@ import time
 
 import pytest
 
+from study.ps import bind
 from study.ps.cluster import parse_tf_config, wait_for_tasks
 from study.ps.local import LocalCluster, free_ports, port_in_use
 
@@ -26,6 +28,9 @@ def test_cluster_starts_listens_limits_workers_and_leaves_no_process_even_when_t
             if hasattr(os, "sched_getaffinity"):  # each worker computes on one core
                 assert all(len(os.sched_getaffinity(cluster.processes[("worker", i)].pid)) == 1 for i in (0, 1))
             assert "intra-op threads 1" in cluster.log_tail("worker", 0)
+            if bind.available():  # loopback only, not TensorFlow's every interface
+                assert cluster.bind == "127.0.0.1" and "listening on 127.0.0.1" in cluster.log_tail("ps", 0)
+                assert all({bind.plain(a) for a in bind.listening(p)} == {"127.0.0.1"} for p in ports)
             raise RuntimeError("midway")
     assert not any(alive(p) for p in pids)
     assert not any(port_in_use(p) for p in ports)
@@ -89,3 +94,29 @@ def test_entry_point_rejects_a_bad_tf_config_and_a_chief_without_a_job_with_exit
     assert run.returncode == 2 and "the chief needs --job" in run.stderr
     ok = parse_tf_config(json.dumps({"cluster": {"worker": ["h:1"], "ps": ["h:2"]}, "task": {"type": "ps"}}))
     assert ok["task"] == {"type": "ps", "index": 0}
+
+
+@pytest.mark.skipif(not bind.available(), reason="--bind needs Linux and a C compiler")
+def test_a_task_started_by_hand_with_bind_listens_there_only_and_without_it_on_every_interface(alive):
+    ports = free_ports(2)
+    spec = {"ps": [f"localhost:{ports[0]}"], "worker": [f"localhost:{ports[1]}"]}
+    started = []
+    try:
+        for job, flags in (("ps", ["--bind", "127.0.0.1"]), ("worker", [])):
+            config = json.dumps({"cluster": spec, "task": {"type": job, "index": 0}})
+            started.append(subprocess.Popen([sys.executable, "-m", "study.ps", *flags], start_new_session=True,
+                                            env=dict(os.environ, TF_CONFIG=config), stdout=subprocess.PIPE,
+                                            stderr=subprocess.STDOUT, text=True))
+        wait_for_tasks(spec, timeout=120)
+        assert {bind.plain(a) for a in bind.listening(ports[0])} == {"127.0.0.1"}
+        assert bind.describe(bind.listening(ports[1])).startswith("every interface")  # TensorFlow's default
+    finally:
+        for process in started:
+            os.killpg(process.pid, 9)
+            process.wait()
+    assert "listening on 127.0.0.1" in started[0].stdout.read()
+    assert not any(alive(p.pid) for p in started)
+    run = subprocess.run([sys.executable, "-m", "study.ps", "--bind", "somewhere"], capture_output=True, text=True,
+                         env=dict(os.environ, TF_CONFIG=json.dumps({"cluster": spec, "task": {"type": "ps"}})),
+                         timeout=120)
+    assert run.returncode == 2 and "--bind: expected an IP address of this machine" in run.stderr

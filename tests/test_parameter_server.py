@@ -1,5 +1,6 @@
 """Downpour SGD for any Keras model on a real local cluster: n_fetch/n_push, sharding over two ps tasks,
-disjoint data shards, staleness, faults (worker, ps, chief) with update accounting, clear errors, no orphans.
+disjoint data shards read by the workers, staleness, Adam and frozen entries on the ps, faults (worker, ps,
+chief) with update accounting, a refused --resume, clear errors and exit codes, no orphans.
 
 The cluster tests share one LocalCluster (2 workers, 2 ps tasks) to keep the suite short; every job is a
 chief process started through ``python -m study.ps``, like every server task.
@@ -7,16 +8,23 @@ chief process started through ``python -m study.ps``, like every server task.
 
 import contextlib
 import io
+import json
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from study.ps.local import LocalCluster, free_ports
 from study.models import DEEP_MNIST_PARAMETERS
 from study.ps import DownpourConfig, PsVariables, build_model, run_chief, run_downpour
+from study.ps import faults
+from study.ps.data import write_study_mnist
 from study.ps.faults import EXIT_UNREACHABLE
+from study.ps.local import LocalCluster, free_ports
+
+TESTS = Path(__file__).resolve().parent
 
 MLP = "study.ps.examples:mnist_mlp"
 
@@ -57,6 +65,8 @@ def test_deep_mnist_cnn_on_two_workers_and_two_sharded_ps_tasks(cluster):
     assert set(r["bytes_per_task"]) == {"ps:0", "ps:1"} and min(r["bytes_per_task"].values()) > 4e6
     assert r["returned_functions"] == r["scheduled_functions"] == 8
     assert r["applied_updates"] == r["returned_updates"] == 32 // 2  # one update per n_push steps
+    assert r["distinct_versions"]  # every push got its own version
+    assert r["dataset_graph_bytes"] < 100_000  # file readers, not the 2.7 MB of training images
     assert set(r["functions_per_worker"]) == {"0", "1"}
     assert r["samples_shared_between_workers"] == 0  # each worker reads its own shard
     assert len(r["staleness"]) == 16  # one per applied update
@@ -152,3 +162,83 @@ def test_a_chief_whose_tasks_are_unreachable_stops_with_their_names_not_a_hang()
     with contextlib.redirect_stderr(io.StringIO()) as err:
         assert run_chief(DownpourConfig(), {"ps": spec["ps"], "worker": spec["worker"]}) == 2
     assert "needs the jobs chief, ps and worker; missing ['chief']" in err.getvalue()
+
+
+def _chief(cluster, job: dict, tmp_path: Path, *args: str, timeout: float = 300) -> tuple[int, str]:
+    """Run one chief process (``python -m study.ps``) on the cluster; its exit code and the end of its log."""
+    path = tmp_path / f"job{time.monotonic_ns()}.json"
+    path.write_text(json.dumps(job))
+    chief = cluster.start_chief(("--job", str(path), "--out", str(tmp_path / "result.json"), *args))
+    try:
+        code = chief.wait(timeout=timeout)
+    finally:
+        cluster.kill("chief", 0)
+    return code, cluster.log_tail("chief", 0, 3000)
+
+
+@pytest.fixture(scope="module")
+def mnist_files(tmp_path_factory):
+    """The study's MNIST as IDX files: what a job's dataset function reads on each worker."""
+    return str(write_study_mnist(tmp_path_factory.mktemp("mnist")))
+
+
+@pytest.mark.cluster
+def test_adam_on_the_ps_with_frozen_entries_that_no_push_moves_then_a_refused_resume(cluster, mnist_files, tmp_path):
+    job = DownpourConfig(model=MLP, model_kwargs={"hidden": 32}, data="study.ps.data:idx",
+                         data_kwargs={"folder": mnist_files}, workers=2, ps=2, steps=48, n_fetch=2, n_push=2,
+                         steps_per_function=4, optimizer="adam", learning_rate=0.003, shard_min_bytes=16 * 1024,
+                         freeze=["fc2/bias"], masks="study.ps.examples:random_mask", masks_kwargs={"keep": 0.5},
+                         checkpoint_every=8, checkpoint_dir=str(tmp_path / "ckpt"), eval_every=24)
+    r = run_downpour(job, cluster, timeout_s=500)
+    frozen = r["frozen"]
+    assert frozen["frozen_entries"] > 10_000 and frozen["frozen_changed_bits"] == 0  # across both workers' pushes
+    # most trainable entries of the masked kernel moved (not all: some input pixels are 0 in every image)
+    assert frozen["masked_trainable_entries"] > 10_000
+    assert frozen["masked_trainable_changed"] > 0.5 * frozen["masked_trainable_entries"]
+    fc1 = next(row for row in r["placement"] if row["variable"] == "fc1/kernel")
+    assert [s["task"] for s in fc1["shards"]] == ["ps:0", "ps:1"]
+    # Adam's moments live next to their shard: the slots of fc1/kernel's second shard are on ps:1
+    assert r["optimizer"] == "adam" and r["optimizer_bytes_per_task"]["ps:1"] >= 2 * fc1["shards"][1]["bytes"]
+    assert r["applied_updates"] == r["returned_updates"] == 24 and r["distinct_versions"]
+    assert r["curve"][-1]["loss"] < r["curve"][0]["loss"] and r["final_accuracy"] > 0.5
+    assert r["samples_shared_between_workers"] == 0 and sum(r["samples_per_worker"].values()) == 48 * 50
+    # the sidecar holds counts per function, not the samples read: its lists are bounded by the job's steps
+    pointer = json.loads((tmp_path / "ckpt" / "latest.json").read_text())
+    sidecar = json.loads((tmp_path / "ckpt" / pointer["folder"] / "state.json").read_text())
+
+    def longest(x) -> int:
+        if isinstance(x, dict):
+            return max([longest(v) for v in x.values()], default=0)
+        if isinstance(x, list):
+            return max([len(x)] + [longest(v) for v in x])
+        return 0
+
+    assert pointer["version"] == 24 and 0 < longest(sidecar) <= job.functions
+    # a sidecar that no longer matches its checkpoint: --resume is refused with the reason, exit 4
+    sidecar_path = tmp_path / "ckpt" / pointer["folder"] / "state.json"
+    sidecar_path.write_text(sidecar_path.read_text().replace('"version": 24', '"version": 23'))
+    code, log = _chief(cluster, {**json.loads(json.dumps(job.__dict__)), "checkpoint_dir": str(tmp_path / "ckpt")},
+                       tmp_path, "--resume")
+    assert code == faults.EXIT_RESUME_REFUSED, log
+    assert "the sidecar of ckpt-000000000024-3 changed after it was written" in log
+
+
+@pytest.mark.cluster
+def test_a_failing_push_is_not_a_lost_ps_and_every_chief_error_ends_with_a_message_and_a_code(
+        cluster, mnist_files, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    base = {"model": MLP, "model_kwargs": {"hidden": 8}, "data": "study.ps.data:idx",
+            "data_kwargs": {"folder": mnist_files}, "steps": 8, "steps_per_function": 4}
+    # a push that fails on ps:0 with InvalidArgumentError (its text names /job:ps): exit 1, not 75
+    code, log = _chief(cluster, {**base, "transform": "ps_hooks:nan_on_ps"}, tmp_path)
+    assert code == faults.EXIT_FAILED, log
+    last = log.strip().splitlines()[-1]
+    assert last.startswith("study.ps: the chief failed: InvalidArgumentError") and "poisoned gradient" in log, log
+    code, log = _chief(cluster, {**base, "model": "ps_hooks:broken_model", "model_kwargs": {}}, tmp_path)
+    assert code == faults.EXIT_FAILED and "RuntimeError: this builder is broken on purpose" in log, log
+    missing = tmp_path / "no-such-folder"
+    code, log = _chief(cluster, {**base, "data_kwargs": {"folder": str(missing)}}, tmp_path)
+    assert code == faults.EXIT_BAD_INPUT, log
+    assert f"data: a data file cannot be read (NotFoundError: {missing}/t10k-images-idx3-ubyte" in log
+    code, log = _chief(cluster, {**base, "optimizer": "adamz"}, tmp_path)
+    assert code == faults.EXIT_BAD_INPUT and "optimizer: got 'adamz'; allowed: 'sgd', 'adagrad'" in log, log

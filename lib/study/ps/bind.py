@@ -174,7 +174,7 @@ def listening(port: int) -> list[str]:
 
 def describe(addresses: list[str]) -> str:
     """``["0.0.0.0"]`` -> ``"every interface (0.0.0.0)"``; else the addresses, v4-mapped ones in v4 form."""
-    shown = sorted({_plain(a) for a in addresses})
+    shown = sorted({plain(a) for a in addresses})
     if any(ipaddress.ip_address(a).is_unspecified for a in shown):
         return f"every interface ({', '.join(shown)})"
     return ", ".join(shown) or "nothing yet"
@@ -182,13 +182,14 @@ def describe(addresses: list[str]) -> str:
 
 def check_listening(port: int, address: str) -> None:
     """Raise ``BindError`` unless ``port`` listens on ``address`` and nothing else. ``check_listening(2222, "127.0.0.1")``"""
-    seen = {_plain(a) for a in listening(port)}
-    if seen != {_plain(address)}:
+    seen = {plain(a) for a in listening(port)}
+    if seen != {plain(address)}:
         raise BindError(f"--bind {address}: port {port} listens on {describe(sorted(seen))}, not on {address} only; "
                         "stopping rather than serving more widely than asked")
 
 
-def _plain(address: str) -> str:
+def plain(address: str) -> str:
+    """An address in its plain form: a v4-mapped IPv6 address as IPv4. ``plain("::ffff:127.0.0.1") == "127.0.0.1"``"""
     ip = ipaddress.ip_address(address)
     mapped = getattr(ip, "ipv4_mapped", None)
     return str(mapped or ip)

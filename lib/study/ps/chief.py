@@ -92,8 +92,8 @@ def _failed(trainer: _Chief, error: BaseException, cluster: dict[str, list[str]]
         _say(f"data: a data file cannot be read ({faults.first_line(missing)}); each worker reads the training "
              f"files that data_kwargs names from its own disk, and the chief reads the test split")
         return faults.EXIT_BAD_INPUT
-    _say(f"the chief failed: {failure['error']}")
     traceback.print_exception(error, limit=-6, file=sys.stderr)
+    _say(f"the chief failed: {failure['error']}")  # last, where a reader of the log looks first
     return faults.EXIT_FAILED
 
 

@@ -31,3 +31,14 @@ def decay(g: tf.Tensor, factor: float = 0.5) -> tf.Tensor:
     """The seed's transform ``T(g) = factor * g``. ``decay(tf.ones(2), 0.5)``"""
     return factor * g
 
+
+
+def random_mask(model: keras.Model, layer: str = "fc1", keep: float = 0.5, seed: int = 0) -> dict:
+    """A job's ``masks`` hook: train a random share ``keep`` of ``layer``'s kernel entries, freeze the rest.
+
+    ``DownpourConfig(optimizer="adam", masks="study.ps.examples:random_mask", masks_kwargs={"keep": 0.3})``
+    """
+    import numpy as np
+
+    kernel = model.get_layer(layer).kernel
+    return {kernel.path: np.random.default_rng(seed).random(tuple(kernel.shape)) < keep}

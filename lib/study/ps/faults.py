@@ -10,6 +10,7 @@ refuses connections (``lost_ps_tasks``), so a flaky connection to a healthy ps i
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -75,8 +76,12 @@ def lost_ps_tasks(error: BaseException, ps_addresses: list[str], probe: Callable
 
 
 def first_line(error: BaseException, limit: int = 300) -> str:
-    """``"Type: first line of the message"``, at most ``limit`` characters."""
-    text = f"{type(error).__name__}: {error}".strip().splitlines()[0] if str(error) else type(error).__name__
+    """``"Type: first line of the message"``, at most ``limit`` characters, without TensorFlow's
+    ``{{function_node ...}}`` prefix and ``[Op:...]`` suffix."""
+    text = str(getattr(error, "message", None) or error)
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
+    text = re.sub(r"\s*\[Op:[^\]]*\].*$", "", text, flags=re.S).strip()
+    text = f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
     return text[:limit]
 
 

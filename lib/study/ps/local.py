@@ -83,6 +83,7 @@ class LocalCluster:
         self.processes: dict[tuple[str, int], subprocess.Popen] = {}
         self.logs = Path(tempfile.mkdtemp(prefix="freezing-cluster-"))
         self._all_pids: list[int] = []
+        self._log_offsets: dict[tuple[str, int], int] = {}
 
     def start(self) -> LocalCluster:
         """Start the ps and worker tasks (what ``with`` does); ``stop()`` ends them. ``LocalCluster().start()``"""
@@ -124,6 +125,7 @@ class LocalCluster:
         # asynchronous training is not reproducible anyway (the order of the pushes is set by timing)
         env.pop("TF_DETERMINISTIC_OPS", None)
         with open(self.logs / f"{job}{index}.log", "a") as log:
+            self._log_offsets[(job, index)] = log.tell()
             process = subprocess.Popen(self.command(job, index, args), env=env, stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, start_new_session=True)
         self.processes[(job, index)] = process
@@ -138,13 +140,24 @@ class LocalCluster:
                 if self.processes[key].poll() is not None:
                     raise RuntimeError(f"cluster: {key[0]}:{key[1]} exited with code {self.processes[key].returncode}; "
                                        f"log: {self.log_tail(*key)}")
-                if port_in_use(port):
+                if port_in_use(port) and self._says_serving(*key):
                     del waiting[key]
             if waiting and time.monotonic() > deadline:
                 names = ", ".join(f"{job}:{i}" for job, i in waiting)
                 raise TimeoutError(f"cluster: {names} not listening after {self.start_timeout:g} s; "
                                    f"logs in {self.logs}")
             time.sleep(0.1)
+
+    def _says_serving(self, job: str, index: int) -> bool:
+        """Whether the task's log, since its last start, has its ``serving ...`` line (printed once the server
+        listens where it should)."""
+        path = self.logs / f"{job}{index}.log"
+        try:
+            with open(path, errors="replace") as log:
+                log.seek(self._log_offsets.get((job, index), 0))
+                return f"serving {job}:{index} " in log.read()
+        except OSError:
+            return False
 
     def start_chief(self, args: tuple[str, ...], spec: dict[str, list[str]] | None = None) -> subprocess.Popen:
         """Start the coordinator: ``python -m study.ps ARGS`` with the chief's ``TF_CONFIG``.

@@ -95,9 +95,7 @@ class PsVariables:
         done = self.optimizer.apply(pieces)
         for variable, value in zip(self.shared_state, state):  # e.g. BatchNorm statistics: last writer wins
             done.append(variable.assign(value))
-        with tf.control_dependencies(done):
-            before = tf.raw_ops.ResourceCountUpTo(resource=self.version.handle, limit=INT64_MAX, T=tf.int64)
-        return before + 1
+        return count_update(self.version, after=done)
 
     def full_state(self, local_seeds: list[Any], state: list[Any]) -> list[Any]:
         """The model's non-trainable values in its order: shared ones from ``state``, seeds from ``local_seeds``."""
@@ -142,6 +140,19 @@ class PsVariables:
         version = int(self.version.numpy())
         return (version, [tf.convert_to_tensor(v).numpy() for v in self.trainable],
                 [v.numpy() for v in self.shared_state])
+
+
+def count_update(version: Any, after: list[Any] | None = None) -> Any:
+    """Add 1 to the int64 counter ``version`` after the ops ``after``; returns the value right after *this* increment.
+
+    One atomic fetch-and-increment (``ResourceCountUpTo``, under the variable's lock): concurrent callers never
+    get the same value. (``assign_add`` followed by its read can return another caller's increment.)
+    """
+    import tensorflow as tf
+
+    with tf.control_dependencies(after or []):
+        before = tf.raw_ops.ResourceCountUpTo(resource=version.handle, limit=INT64_MAX, T=tf.int64)
+    return before + 1
 
 
 def _name(path: str) -> str:

@@ -1,0 +1,21 @@
+"""Job hooks for the parameter-server tests (imported by the chief process; the tests put this folder on its
+PYTHONPATH)."""
+
+import numpy as np
+import tensorflow as tf
+
+
+def nan_on_ps(g: tf.Tensor) -> tf.Tensor:
+    """A transform that fails at run time on ps:0 with InvalidArgumentError: a bad push, not a lost ps."""
+    with tf.device("/job:ps/replica:0/task:0"):
+        return tf.debugging.check_numerics(g * np.float32(np.nan), "poisoned gradient")
+
+
+def broken_model() -> None:
+    """A model builder that fails: the chief must exit with a message, not hang."""
+    raise RuntimeError("this builder is broken on purpose")
+
+
+def bad_shape(model) -> dict:
+    """A mask function whose mask does not fit its variable."""
+    return {"fc1/kernel": [True, False, True]}

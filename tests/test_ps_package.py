@@ -1,0 +1,294 @@
+"""study.ps without a cluster: the package's import order, the job's checks, checkpoints written atomically and
+checked on resume, which errors mean a lost ps, exact versions under concurrent pushes, the optimizer on the ps
+and the bind address."""
+
+import ast
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import study.ps
+from study.ps import DownpourConfig, PsVariables, build_model, faults
+from study.ps import bind as bind_address
+from study.ps.checkpoints import CheckpointStore, ResumeRefused
+from study.ps.local import free_ports
+from study.ps.variables import count_update
+
+LIB = Path(study.ps.__file__).parent
+MLP = "study.ps.examples:mnist_mlp"
+
+
+# -- the package ------------------------------------------------------------------------------------------
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("study.ps"):
+            names = [f"{node.module}.{a.name}" for a in node.names]
+            found |= {n for n in names if n in study.ps.MODULES} or {node.module}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("study.ps")}
+    return found - {"study.ps"}
+
+
+def test_every_module_imports_only_modules_listed_before_it_so_there_is_no_cycle():
+    files = {p.stem: p for p in LIB.glob("*.py") if p.stem != "__init__"}
+    assert {f"study.ps.{name}" for name in files} == set(study.ps.MODULES)
+    for position, module in enumerate(study.ps.MODULES):
+        later = set(study.ps.MODULES[position:])
+        assert not _imports(files[module.rpartition(".")[2]]) & later, module
+
+
+def test_a_ps_or_worker_task_loads_no_keras_and_the_old_modules_are_gone():
+    code = "import sys, study.ps.roles, study.ps.cluster; print('keras' in sys.modules)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "False", run.stderr[-500:]
+    for old in ("parameter_server", "ps_roles", "ps_chief", "ps_config", "ps_variables", "ps_examples", "cluster"):
+        assert not (LIB.parent / f"{old}.py").exists()
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"optimizer": "adamx"}, r"optimizer: got 'adamx'; allowed: 'sgd', 'adagrad' \(Downpour's\), a Keras optimizer"),
+    ({"optimizer": {"class_name": "NoSuchOptimizer"}}, "optimizer: .* is not a Keras optimizer config"),
+    ({"loss": "no_such_loss"}, "loss: 'no_such_loss' is not a Keras loss"),
+    ({"data": "study.ps.data:nothing"}, "data: 'study.ps.data' has no callable 'nothing'"),
+    ({"freeze": ["fc1"]}, "freeze/masks: need a Keras optimizer on the ps"),
+    ({"freeze": "fc1", "optimizer": "adam"}, "freeze: expected a list of variable paths"),
+    ({"mask_policy": "keep", "optimizer": "adam"}, "mask_policy: got 'keep'; allowed: 'hold', 'reset', 'none'"),
+    ({"masks": "nowhere:fn", "optimizer": "adam"}, "masks: cannot import 'nowhere'"),
+    ({"local_learning_rate": -1.0}, "local_learning_rate: expected a number in"),
+])
+def test_bad_job_fields_name_the_field_and_what_is_allowed(bad, match):
+    with pytest.raises(ValueError, match=match):
+        DownpourConfig(**bad)
+
+
+def test_freeze_and_masks_that_match_no_variable_are_clear_errors():
+    model = build_model(DownpourConfig(model=MLP, model_kwargs={"hidden": 4}))
+    with pytest.raises(ValueError, match=r"freeze: 'fc9' matches no trainable variable; paths: \['bn1/beta'"):
+        PsVariables(model, DownpourConfig(model=MLP, optimizer="adam", freeze=["fc9"]))
+    with pytest.raises(ValueError, match=r"masks: the mask of 'fc1/kernel' has shape \(3,\), which does not broadcast"):
+        PsVariables(model, DownpourConfig(model=MLP, optimizer="adam", masks="ps_hooks:bad_shape"))
+
+
+# -- the optimizer on the ps, locally -----------------------------------------------------------------------
+
+
+def test_a_keras_optimizer_on_the_ps_writes_what_keras_writes_and_masks_hold_frozen_entries_exactly():
+    job = DownpourConfig(model=MLP, model_kwargs={"hidden": 8, "batch_norm": False}, learning_rate=0.01,
+                         optimizer={"class_name": "AdamW", "config": {"weight_decay": 0.1}})
+    model = build_model(job)
+    ps = PsVariables(model, job)
+    reference = [tf.Variable(v.numpy()) for v in model.trainable_variables]
+    adamw = keras.optimizers.AdamW(learning_rate=0.01, weight_decay=0.1)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        grads = [tf.constant(rng.normal(size=v.shape).astype(np.float32)) for v in reference]
+        ps.push(grads, [])
+        adamw.apply_gradients(zip(grads, reference))
+    for mine, theirs in zip(ps.trainable, reference):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+
+    masked = DownpourConfig(model=MLP, model_kwargs={"hidden": 8, "batch_norm": False}, optimizer="adam",
+                            freeze=["fc2/bias"], masks="study.ps.examples:random_mask",
+                            masks_kwargs={"layer": "fc1", "keep": 0.5})
+    ps = PsVariables(build_model(masked), masked)
+    before = [v.numpy() for v in ps.trainable]
+    for _ in range(3):
+        ps.push([tf.constant(rng.normal(size=v.shape).astype(np.float32)) for v in ps.trainable], [])
+    keep = {ps.paths[i]: np.broadcast_to(k, before[i].shape) for i, k in ps.masks.items()}
+    assert set(keep) == {"fc1/kernel", "fc2/bias"} and 0.3 < keep["fc1/kernel"].mean() < 0.7
+    for path, b, v in zip(ps.paths, before, ps.trainable):
+        changed = b.view(np.uint32) != v.numpy().view(np.uint32)
+        frozen = ~keep[path] if path in keep else np.zeros(b.shape, bool)
+        assert not changed[frozen].any(), path  # 0 bits changed in frozen entries
+        assert changed[~frozen].all(), path  # every other entry moved
+
+
+def test_the_update_counter_gives_every_concurrent_caller_its_own_value():
+    version = tf.Variable(0, dtype=tf.int64)
+    count = tf.function(lambda: count_update(version))
+    seen: list[int] = []
+
+    def caller() -> None:
+        for _ in range(3000):
+            seen.append(int(count()))
+
+    threads = [threading.Thread(target=caller) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(seen) == list(range(1, 48001))  # assign_add and a read of it gave duplicates here (18 in 48000)
+
+
+def test_concurrent_pushes_each_get_their_own_version():
+    job = DownpourConfig(model=MLP, model_kwargs={"hidden": 1, "batch_norm": False}, learning_rate=0.01)
+    ps = PsVariables(build_model(job), job)
+    grads = [tf.zeros(v.shape) for v in ps.trainable]
+    push = tf.function(lambda: ps.push(grads, []))
+    push()
+    versions: list[int] = []
+
+    def pusher() -> None:
+        for _ in range(500):
+            versions.append(int(push()))
+
+    threads = [threading.Thread(target=pusher) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(versions) == list(range(2, 8002))  # no two pushes share a version; none is skipped
+
+
+# -- checkpoints ------------------------------------------------------------------------------------------
+
+
+def _state(tmp_path: Path, job: dict | None = None) -> tuple[CheckpointStore, tf.train.Checkpoint, tf.Variable]:
+    version = tf.Variable(0, dtype=tf.int64)
+    weights = tf.Variable(np.zeros(4, np.float32))
+    return CheckpointStore(tmp_path, keep=2, job=job or {"model": "m"}), \
+        tf.train.Checkpoint(version=version, weights=weights), version
+
+
+def test_checkpoints_round_trip_and_only_the_last_two_are_kept(tmp_path):
+    store, ckpt, version = _state(tmp_path)
+    assert store.latest() is None
+    for v in (3, 6, 9):
+        version.assign(v)
+        store.save(ckpt, v, {"records": [v]})
+    assert len(list(tmp_path.glob("ckpt-*"))) == 2
+    version.assign(0)
+    assert store.restore(ckpt, version) == (9, {"records": [9]})
+    assert int(version.numpy()) == 9
+
+
+@pytest.mark.parametrize("crash_at", ["checkpoint", "sidecar", "rename", "pointer"])
+def test_a_save_cut_off_at_any_point_leaves_the_previous_checkpoint_or_the_new_one(tmp_path, monkeypatch, crash_at):
+    store, ckpt, version = _state(tmp_path)
+    version.assign(5)
+    store.save(ckpt, 5, {"at": 5})
+    version.assign(8)
+    real_replace, real_write = os.replace, Path.write_bytes
+    calls = {"replace": 0}
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt("killed here")
+
+    def replace(src, dst):
+        calls["replace"] += 1
+        if (crash_at, calls["replace"]) in (("rename", 1), ("pointer", 2)):
+            crash()
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    if crash_at == "checkpoint":
+        monkeypatch.setattr(ckpt, "write", crash)
+    if crash_at == "sidecar":
+        monkeypatch.setattr(Path, "write_bytes", lambda self, data: crash() if self.name == "state.json"
+                            else real_write(self, data))
+    with pytest.raises(KeyboardInterrupt):
+        store.save(ckpt, 8, {"at": 8})
+    monkeypatch.undo()
+    prefix, found, state = store.latest()
+    assert (found, state) == (5, {"at": 5})  # the pointer still names the previous checkpoint, complete
+    version.assign(8)
+    store.save(ckpt, 8, {"at": 8})  # and the next save works over the debris
+    assert store.latest()[1:] == (8, {"at": 8})
+
+
+def test_resume_is_refused_with_a_clear_message_when_checkpoint_and_sidecar_disagree(tmp_path):
+    store, ckpt, version = _state(tmp_path)
+    version.assign(4)
+    folder = store.save(ckpt, 4, {"at": 4})
+    sidecar = folder / "state.json"
+    body = sidecar.read_bytes()
+    sidecar.write_bytes(body.replace(b'"at": 4', b'"at": 5'))
+    with pytest.raises(ResumeRefused, match="the sidecar of ckpt-000000000004-1 changed after it was written"):
+        store.latest()
+    sidecar.unlink()
+    with pytest.raises(ResumeRefused, match="the checkpoint ckpt-000000000004-1 has no sidecar state.json"):
+        store.latest()
+    sidecar.write_bytes(body)
+    assert store.latest()[1] == 4
+    with pytest.raises(ResumeRefused, match=r"written by another job \(differs in \['model'\]\)"):
+        CheckpointStore(tmp_path, job={"model": "other"}).latest()
+    version.assign(7)  # the checkpoint's counter is 4; make its sidecar claim 7
+    store.save(ckpt, 7, {})
+    pointer = json.loads((tmp_path / "latest.json").read_text())
+    with pytest.raises(ResumeRefused, match="holds update counter 7, its sidecar says 4"):
+        lying = tmp_path / pointer["folder"] / "state.json"
+        lying.write_bytes(lying.read_bytes().replace(b'"version": 7', b'"version": 4'))
+        pointer["version"], pointer["sidecar_sha256"] = 4, __import__("hashlib").sha256(lying.read_bytes()).hexdigest()
+        (tmp_path / "latest.json").write_text(json.dumps(pointer))
+        store.restore(ckpt, version)
+    (tmp_path / "latest.json").unlink()
+    with pytest.raises(ResumeRefused, match="holds checkpoint folders but no latest.json"):
+        store.latest()
+
+
+# -- faults -------------------------------------------------------------------------------------------------
+
+
+class _ClosureError(Exception):
+    """Like the coordinator's ClosureInputError: the real error in ``original_exception``."""
+
+    def __init__(self, original: BaseException):
+        super().__init__("closure failed")
+        self.original_exception = original
+
+
+@pytest.fixture
+def addresses():
+    """A ps address that refuses connections and one that accepts them."""
+    with socket.socket() as listening:
+        listening.bind(("localhost", 0))
+        listening.listen()
+        yield f"localhost:{free_ports(1)[0]}", f"localhost:{listening.getsockname()[1]}"
+
+
+def test_a_lost_ps_is_a_typed_connection_error_and_a_port_that_is_down(addresses):
+    down, up = addresses
+    text = "GRPC error information from remote target /job:ps/replica:0/task:0"
+    unavailable = tf.errors.UnavailableError(None, None, text)
+    assert faults.lost_ps_tasks(unavailable, [up, down], tries=1) == ["ps:1"]
+    assert faults.lost_ps_tasks(_ClosureError(tf.errors.AbortedError(None, None, text)), [down], tries=1) == ["ps:0"]
+    assert faults.lost_ps_tasks(unavailable, [up], tries=1) == []  # a typed error, but every ps task answers
+    # a shape error or an out-of-memory error on the ps is not a lost ps, whatever its text says
+    for error in (tf.errors.InvalidArgumentError(None, None, f"Incompatible shapes. {text}"),
+                  tf.errors.ResourceExhaustedError(None, None, f"OOM when allocating tensor. {text}"),
+                  RuntimeError(f"PSUnavailableError {text}")):
+        assert faults.lost_ps_tasks(error, [down], tries=1) == []
+        assert faults.lost_ps_tasks(_ClosureError(error), [down], tries=1) == []
+
+
+# -- the bind address ---------------------------------------------------------------------------------------
+
+
+def test_listening_addresses_are_read_from_proc_and_a_wider_listener_is_refused():
+    if not Path("/proc/net/tcp").exists():
+        pytest.skip("no /proc/net/tcp on this OS")
+    with socket.socket() as wide, socket.socket() as narrow:
+        wide.bind(("0.0.0.0", 0))
+        wide.listen()
+        narrow.bind(("127.0.0.1", 0))
+        narrow.listen()
+        wide_port, narrow_port = wide.getsockname()[1], narrow.getsockname()[1]
+        assert bind_address.listening(wide_port) == ["0.0.0.0"]
+        assert bind_address.describe(bind_address.listening(wide_port)) == "every interface (0.0.0.0)"
+        bind_address.check_listening(narrow_port, "127.0.0.1")
+        with pytest.raises(bind_address.BindError, match=rf"port {wide_port} listens on every interface"):
+            bind_address.check_listening(wide_port, "127.0.0.1")
+    with pytest.raises(ValueError, match="--bind: expected an IP address of this machine"):
+        bind_address.check_address("localhost:2222")
