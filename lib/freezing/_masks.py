@@ -36,7 +36,7 @@ class MaskStore(tf.Module):
     def __init__(self) -> None:
         super().__init__(name="masks")
         self.keep: list[tf.Variable] = []
-        self.mode: list[tf.Variable] = []  # one int32 vector: the mode of every built variable
+        self.mode: tf.Variable | None = None  # one int32 vector: the mode of every built variable
         self.index: list[tf.Variable] = []  # the selections of variables with sparse state
 
 

@@ -316,9 +316,8 @@ class WritePath:
         return assign(variable, _masks.where(t.keep, value, old, variable))
 
     def _increment(self, name: str, pad: float, combine: Any) -> Callable[[Any, Any], Any]:
-        write, assign = self.plain[name], self.plain["assign"]
-
         def increment(variable: Any, value: Any) -> Any:
+            write, assign = self.plain[name], self.plain["assign"]
             t = self._target(variable)
             if t is None:
                 return write(variable, value)
@@ -428,3 +427,57 @@ def initial_slot_values(leaf: keras.optimizers.Optimizer, variables: Sequence[An
             same = value.size and np.all(value == value.flat[0])
             out[leaf._var_key(slot)] = float(value.flat[0]) if same else slot_initial_value(leaf, name)
     return out
+
+
+def apply_step(wrapper: Any, leaves: Sequence[Any], grads: list[Any], variables: list[Any],
+               masks: list[Any] | None) -> None:
+    """One ``MaskedOptimizer`` step: each variable's mask and mode, then the inner optimizer's ``apply``.
+
+    A stored mask comes with the mode ``set_mask`` decided; a mask given for this call or computed by
+    ``mask_fn`` gets its mode in the graph, and with ``policy="reset"`` its frozen moments reset in the step.
+    """
+    step = Step()
+    keeps = []
+    for i, v in enumerate(variables):
+        key = wrapper._var_key(v)
+        index = wrapper._mask_index[key]
+        override = None if masks is None else masks[i]
+        in_graph = override is not None
+        if in_graph:
+            keep = override
+        else:
+            keep = tf.convert_to_tensor(wrapper._masks.keep[index])
+            mode = tf.gather(tf.convert_to_tensor(wrapper._masks.mode), index)
+        if wrapper.mask_fn is not None:
+            extra = wrapper.mask_fn(wrapper.iterations, v)
+            if extra is not None:
+                keep = tf.logical_and(keep, _masks.as_keep(extra, v, "mask_fn's result"))
+                in_graph = True
+        if in_graph:
+            mode = _masks.graph_mode(keep)
+        keeps.append(keep)
+        step.keeps[key], step.modes[key] = keep, mode
+        step.resets[key] = in_graph and wrapper.policy == "reset"
+    norms_see_gradients = any(leaf.clipnorm or leaf.global_clipnorm or not isinstance(leaf, ELEMENTWISE)
+                              for leaf in leaves)
+    if wrapper.policy == "none" or (wrapper.norms == "trainable" and norms_see_gradients):
+        grads = [g if g is None else _masks.zero_where_frozen(g, k, v) for g, k, v in zip(grads, keeps, variables)]
+    grads, variables, step = wrapper._sparse.gather(grads, variables, step)
+    if wrapper.policy == "none":
+        wrapper.inner.apply(grads, variables)
+        return
+    wrapper._context.start(step)
+    swapped = []
+    try:
+        for v in variables:
+            constraint = getattr(v, "constraint", None)
+            keep = step.keeps.get(wrapper._var_key(v))
+            if constraint is not None and keep is not None:
+                swapped.append((v, constraint))
+                v.constraint = masked_constraint(constraint, keep)
+        wrapper.inner.apply(grads, variables)
+    finally:
+        wrapper._context.stop()
+        for v, constraint in swapped:
+            v.constraint = constraint
+    wrapper._sparse.scatter()

@@ -63,7 +63,7 @@ import tensorflow as tf
 from freezing import _distribute, _masks
 from freezing._sparse_state import SparseState
 from freezing._wrappers import wrapper_chain
-from freezing._write_path import ELEMENTWISE, Context, Step, WritePath, in_xla, initial_slot_values, masked_constraint
+from freezing._write_path import Context, WritePath, apply_step, in_xla, initial_slot_values
 from freezing.selection import variable_path
 from freezing.slots import slots
 from freezing.validation import check_choice
@@ -224,7 +224,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         >>> len(opt.variables)  # iterations, learning rate, m, v, the mask of w, the modes
         6
         """
-        modes = list(self._masks.mode)
+        modes = [] if self._masks.mode is None else [self._masks.mode]
         return list(self.inner.variables) + list(self._masks.keep) + modes + self._sparse.variables()
 
     def scale_loss(self, loss: Any) -> Any:
@@ -281,9 +281,8 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                 self._masks.keep.append(
                     tf.Variable(True, shape=tf.TensorShape(None), dtype=tf.bool, trainable=False, name=f"keep_{i}")
                 )
-            self._masks.mode.append(
-                tf.Variable(np.zeros(len(var_list), np.int32), dtype=tf.int32, trainable=False, name="modes")
-            )
+            self._masks.mode = tf.Variable(np.zeros(len(var_list), np.int32), dtype=tf.int32, trainable=False,
+                                           name="modes")
             inner_vars = self._sparse.build(var_list, self._pending)
         if not self.inner.built:
             self.inner.build(inner_vars)
@@ -353,9 +352,9 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         mode = _masks.host_mode(keep, tuple(variable.shape))
         stored = keep if mode not in (_masks.UNMASKED, _masks.FROZEN) else np.asarray(mode == _masks.UNMASKED)
         self._masks.keep[index].assign(stored)
-        modes = self._masks.mode[0].numpy()
+        modes = self._masks.mode.numpy()
         modes[index] = mode
-        self._masks.mode[0].assign(modes)
+        self._masks.mode.assign(modes)
         if reset and mode != _masks.UNMASKED:
             self._reset_slots(variable, stored)
 
@@ -427,7 +426,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         >>> opt.set_mask(v, np.random.default_rng(0).random((4, 5)) < 0.5); opt.mask_bytes()
         24
         """
-        return int(sum(tf.size(m).numpy() * m.dtype.size for m in list(self._masks.keep) + list(self._masks.mode)))
+        return int(sum(tf.size(m).numpy() * m.dtype.size for m in list(self._masks.keep) + [self._masks.mode]))
 
     # -- applying a step --------------------------------------------------------------------------
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]], masks: Sequence[Any] | None = None) -> Any:
@@ -501,57 +500,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         self._jitted[key](grads, masks)
 
     def _apply_now(self, grads: list[Any], variables: list[Any], masks: list[Any] | None) -> None:
-        step = Step()
-        keeps = []
-        for i, v in enumerate(variables):
-            key = self._var_key(v)
-            index = self._mask_index[key]
-            override = None if masks is None else masks[i]
-            in_graph = override is not None
-            if in_graph:
-                keep = override
-            else:
-                keep = tf.convert_to_tensor(self._masks.keep[index])
-                mode = tf.gather(tf.convert_to_tensor(self._masks.mode[0]), index)
-            if self.mask_fn is not None:
-                extra = self.mask_fn(self.iterations, v)
-                if extra is not None:
-                    keep = tf.logical_and(keep, _masks.as_keep(extra, v, "mask_fn's result"))
-                    in_graph = True
-            if in_graph:
-                mode = _masks.graph_mode(keep)
-            keeps.append(keep)
-            step.keeps[key], step.modes[key] = keep, mode
-            step.resets[key] = in_graph and self.policy == "reset"
-        zero_frozen = self.policy == "none" or (self.norms == "trainable" and self._norms_see_gradients())
-        if zero_frozen:
-            grads = [g if g is None else _masks.zero_where_frozen(g, k, v) for g, k, v in zip(grads, keeps, variables)]
-        grads, variables, step = self._sparse.gather(grads, variables, step)
-        if self.policy == "none":
-            self.inner.apply(grads, variables)
-            return
-        self._context.start(step)
-        swapped = []
-        try:
-            for v in variables:
-                constraint = getattr(v, "constraint", None)
-                keep = step.keeps.get(self._var_key(v))
-                if constraint is not None and keep is not None:
-                    swapped.append((v, constraint))
-                    v.constraint = masked_constraint(constraint, keep)
-            self.inner.apply(grads, variables)
-        finally:
-            self._context.stop()
-            for v, constraint in swapped:
-                v.constraint = constraint
-        self._sparse.scatter()
-
-    def _norms_see_gradients(self) -> bool:
-        """Whether zeroing frozen gradients can change what the inner optimizer writes."""
-        return any(
-            leaf.clipnorm or leaf.global_clipnorm or not isinstance(leaf, ELEMENTWISE)
-            for leaf in _leaves(self.inner)
-        )
+        apply_step(self, _leaves(self.inner), grads, variables, masks)
 
     # -- saving -----------------------------------------------------------------------------------
     def load_own_variables(self, store: Any) -> None:
