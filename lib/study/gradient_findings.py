@@ -105,18 +105,23 @@ def n_push_numbers(sweep: pd.DataFrame, model_mb: float, link_gbit_s: float = 1.
 
 
 def staleness_numbers(check: pd.DataFrame, difference: pd.DataFrame, tuned: pd.DataFrame,
+                      grids: Mapping[str, Sequence[float]] | None = None,
                       taus: Sequence[int] = (1, 2, 4, 8)) -> dict[str, Any]:
     """Dai et al.'s measure, the paired Adam - SGD difference and the re-tuned accuracies, per delay.
 
     Keys: ``slowdown_<opt>_<tau>``, ``slowdown_std_<opt>_<tau>``, ``drop_<opt>_<tau>``, ``reached_<opt>_<tau>``,
+    ``final_<opt>_<tau>`` (final accuracy at the best undelayed rate, ``tuned_<opt>_0 - drop``),
     ``difference_<tau>``/``difference_se_<tau>`` (Adam's accuracy lost minus SGD's, paired by seed),
-    ``tuned_<opt>_<tau>`` (final accuracy at the rate re-tuned for that delay) and ``tuned_gap_0``.
+    ``tuned_<opt>_<tau>``, ``tuned_std_<opt>_<tau>`` and ``tuned_lr_<opt>_<tau>`` (final accuracy at the rate
+    re-tuned for that delay, its std over seeds and the rate), ``tuned_at_edge_<opt>_<tau>`` (1.0 when that rate
+    is the smallest or largest of ``grids[opt]``, else 0.0) and ``tuned_gap_0``.
 
     >>> check = pd.DataFrame({"tau": [2], "optimizer": ["adam"], "slowdown_mean": [3.4], "slowdown_std": [0.5],
     ...                       "drop_mean": [0.01], "reached": [8]})
-    >>> q = staleness_numbers(check, pd.DataFrame(columns=["tau", "mean", "se"]), pd.DataFrame(), taus=(2,))
-    >>> q["slowdown_adam_2"], q["reached_adam_2"], math.isnan(q["difference_2"])
-    (3.4, 8.0, True)
+    >>> tuned = pd.DataFrame({"adam": [0.9], "adam_std": [0.01], "adam_lr": [0.03]}, index=pd.Index([2], name="tau"))
+    >>> q = staleness_numbers(check, pd.DataFrame(columns=["tau", "mean", "se"]), tuned, {"adam": [0.01, 0.03]}, (2,))
+    >>> q["slowdown_adam_2"], q["reached_adam_2"], math.isnan(q["difference_2"]), q["tuned_at_edge_adam_2"]
+    (3.4, 8.0, True, 1.0)
     """
     at = check.set_index(["tau", "optimizer"]) if len(check) else pd.DataFrame()
     d = difference.set_index("tau") if len(difference) else pd.DataFrame()
@@ -127,16 +132,27 @@ def staleness_numbers(check: pd.DataFrame, difference: pd.DataFrame, tuned: pd.D
                                  ("drop", "drop_mean"), ("reached", "reached")):
                 out[f"{name}_{o}_{tau}"] = _at(at, (tau, o), column)
             out[f"tuned_{o}_{tau}"] = _at(tuned, tau, o)
+            out[f"tuned_std_{o}_{tau}"] = _at(tuned, tau, f"{o}_std")
+            lr = out[f"tuned_lr_{o}_{tau}"] = _at(tuned, tau, f"{o}_lr")
+            grid = list((grids or {}).get(o, []))
+            out[f"tuned_at_edge_{o}_{tau}"] = NAN if not grid or math.isnan(lr) else float(lr in (min(grid), max(grid)))
         out[f"difference_{tau}"] = _at(d, tau, "mean")
         out[f"difference_se_{tau}"] = _at(d, tau, "se")
+    for tau in (0, *taus):
+        for o in ("adam", "sgd"):
+            out[f"final_{o}_{tau}"] = out[f"tuned_{o}_0"] - out[f"drop_{o}_{tau}"]
     out["tuned_gap_0"] = abs(out["tuned_adam_0"] - out["tuned_sgd_0"])
     return out
 
 
 def quoted(costs: pd.DataFrame, ps_runs: pd.DataFrame, placement: pd.DataFrame, sweep: pd.DataFrame,
-           check: pd.DataFrame, difference: pd.DataFrame, tuned: pd.DataFrame) -> dict[str, Any]:
-    """Every number notebook 04's prose quotes, in one flat dict (NaN where the run did not measure it)."""
+           check: pd.DataFrame, difference: pd.DataFrame, tuned: pd.DataFrame,
+           grids: Mapping[str, Sequence[float]] | None = None) -> dict[str, Any]:
+    """Every number notebook 04's prose quotes, in one flat dict (NaN where the run did not measure it).
+
+    ``grids`` are the learning-rate grids of the staleness study (to tell whether a re-tuned rate is at an edge).
+    """
     out: dict[str, Any] = {**fetch_numbers(costs), **cluster_numbers(ps_runs, placement)}
     out.update(n_push_numbers(sweep, out["model_mb"]))
-    out.update(staleness_numbers(check, difference, tuned))
+    out.update(staleness_numbers(check, difference, tuned, grids))
     return {k: (NAN if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}

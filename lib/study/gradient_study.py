@@ -414,7 +414,9 @@ def dai_check(curves: pd.DataFrame, target: float) -> pd.DataFrame:
             rows.append({"optimizer": name, "learning_rate": lr, "tau": tau, "seeds": len(slow),
                          "reached": int(np.isfinite(slow).sum()),
                          "slowdown_mean": float(np.mean(slow)) if len(finite) == len(slow) else float("inf"),
-                         "slowdown_std": float(np.std(finite, ddof=1)) if len(finite) > 1 else float("nan"),
+                         # over the same seeds as the mean: undefined when a seed never reached the target
+                         "slowdown_std": float(np.std(slow, ddof=1)) if len(finite) == len(slow) > 1
+                         else float("nan"),
                          "drop_mean": float(np.mean(drop)), "drop_std": float(np.std(drop, ddof=1)) if len(drop) > 1
                          else float("nan")})
     return pd.DataFrame(rows)
@@ -579,7 +581,7 @@ COLUMNS = {
     "reached": "seeds whose run reached staleness_target accuracy (count)",
     "slowdown_mean": "mean over seeds of updates to reach the target / the same seed's updates at tau = 0 (ratio; "
                      "inf if a seed never reached it)",
-    "slowdown_std": "std over the seeds that reached the target of that ratio (ratio)",
+    "slowdown_std": "std over seeds of that ratio; empty when a seed never reached the target (ratio)",
     "drop_mean": "mean over seeds of final accuracy at tau = 0 minus final accuracy at this tau, the same seed "
                  "(absolute, fraction of test images)",
     "drop_std": "std over seeds of that drop (fraction)",
