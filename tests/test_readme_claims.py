@@ -60,3 +60,16 @@ def test_figure_2_the_naive_mask_drifts_under_adam_and_hold_reset_do_not():
             assert float(moved) > 0, (key, value)
         elif "/hold" in key or "/reset" in key:
             assert float(moved) == 0, (key, value)
+
+
+def test_figure_4_a_second_worker_makes_pushes_about_one_update_stale_and_loses_nothing():
+    assert re.search(r"second worker, pushes arrive about one update stale and nothing a worker returned is lost",
+                     README.replace("\n", " "))
+    runs = _metrics("04_gradients_and_ps")["ps"]
+    assert runs["1"]["staleness_mean"] == 0
+    assert 0.5 <= runs["2"]["staleness_mean"] <= 1.5
+    table = (RESULTS / "04_gradients_and_ps" / "ps_runs.csv").read_text().splitlines()
+    rows = [dict(zip(table[0].split(","), line.split(","))) for line in table[1:]]
+    assert {row["workers"] for row in rows} == {"1", "2"}
+    for row in rows:  # one applied update per n_push steps of every worker: every push was applied
+        assert int(row["applied_updates"]) * int(row["n_push"]) == int(row["steps"]), row
