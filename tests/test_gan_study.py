@@ -100,3 +100,47 @@ def test_a_study_run_gives_the_same_bits_in_one_worker_process_or_two():
     assert runs.drop(columns=timing).equals(first.drop(columns=timing)) and logs.equals(logs1)
     assert grids.keys() == grids1.keys() and all(np.array_equal(grids[k], grids1[k]) for k in grids1)
     assert len(first) == 4 and len(grids1) == 2  # 2 methods x 2 seeds; a grid per method
+
+
+class _Recorder:
+    """A stand-in for ``gan_study._Runner`` that records what ``run_one`` hands each iteration."""
+
+    def __init__(self, method):
+        self.method, self.seen = method, []
+
+    @staticmethod
+    def _out():
+        return {**{k: 0 for k in gan_study.AUDIT_KEYS}, "d_loss": 0.0, "g_loss": 0.0, "d_iterations": 0,
+                "g_iterations": 0}
+
+    def iteration(self, real, z_d, z_g, do_d, do_g):
+        self.seen.append((np.array(real), np.array(z_d), np.array(z_g), np.array(do_d), np.array(do_g)))
+        return {k: tf.constant(v) for k, v in self._out().items()}
+
+    def keras_iteration(self, real, z_d, z_g):  # the Keras recipe has no gate
+        self.seen.append((np.array(real), np.array(z_d), np.array(z_g), None, None))
+        return self._out()
+
+
+def test_every_method_sees_the_same_batches_latents_and_gate_draws():
+    # trainable_flag once skipped the gate draws, so from its second iteration on it trained on other batches
+    # and latent vectors than every other method.
+    config = GanStudyConfig(iterations=6, batch=4, seeds=[0], log_every=1)
+    images = np.arange(50, dtype=np.float32)[:, None] * np.ones((1, 3), np.float32)  # row i holds i: an index
+    seen = {}
+    for method in gan_study.METHODS:
+        recorder = _Recorder(method)
+        gan_study.run_one(recorder, images, config, seed=7)
+        seen[method] = recorder.seen
+    reference = seen["two_optimizers"]
+    assert len(reference) == config.iterations
+    for method, steps in seen.items():
+        for it, (step, ref) in enumerate(zip(steps, reference), start=1):
+            for name, a, b in zip(("batch", "z_d", "z_g"), step[:3], ref[:3]):
+                assert np.array_equal(a, b), (method, it, name)
+    assert len({tuple(step[0][:, 0]) for step in reference}) == config.iterations  # a fresh batch each iteration
+    gates = {m: np.array([np.concatenate(s[3:]) for s in seen[m]]) for m in gan_study.GATED}
+    assert np.array_equal(gates["random_gate"], gates["random_gate_masked"])
+    assert 0 < gates["random_gate"].mean() < 1  # gates are drawn, some open, some closed
+    assert np.array_equal(gates["gate_d_only"][:, :2], gates["random_gate"][:, :2]) and (gates["gate_d_only"][:, 2:] == 1).all()
+    assert np.array_equal(gates["gate_g_only"][:, 2:], gates["random_gate"][:, 2:]) and (gates["gate_g_only"][:, :2] == 1).all()

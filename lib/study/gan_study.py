@@ -395,26 +395,49 @@ AUDIT_KEYS = ("g_changed_entries_in_d_step", "g_max_abs_dW_in_d_step", "d_change
 """Per run: ``*_changed_entries*`` summed over iterations, ``*_max_abs_dW*`` the largest over iterations."""
 
 
+def iteration_draws(rng: np.random.Generator, n_images: int, config: GanStudyConfig) -> tuple:
+    """One iteration's random draws, the same for every method: ``(batch indices, z_d, z_g, do)``.
+
+    ``do`` holds D's two gates, then G's (1 = open), drawn with ``config.gate_probability``. Every method draws
+    all four, whether it uses them or not, so that every method's ``rng`` stays in step and each iteration of
+    every method sees the same batch and latent vectors. ``iteration_draws(np.random.default_rng(0), 3600, cfg)``
+    """
+    idx = rng.integers(0, n_images, config.batch)
+    z_d = rng.normal(size=(config.batch, Z_DIM)).astype(np.float32)
+    z_g = rng.normal(size=(config.batch, Z_DIM)).astype(np.float32)
+    do = (rng.random(4) < config.gate_probability).astype(np.float32)
+    return idx, z_d, z_g, do
+
+
+def gates_of(method: str, do: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """D's and G's gates for ``method``: the drawn ones, or open where the method gates the other network only."""
+    do = do.copy()
+    if method == "gate_g_only":
+        do[:2] = 1.0
+    elif method == "gate_d_only":
+        do[2:] = 1.0
+    return do[:2], do[2:]
+
+
 def run_one(runner: _Runner, images: np.ndarray, config: GanStudyConfig, seed: int) -> tuple[list[dict], dict]:
-    """Train one GAN; returns the logged iterations and the run's audit totals (``AUDIT_KEYS``). ``run_one(r, x, cfg, 0)``"""
+    """Train one GAN; returns the logged iterations and the run's audit totals (``AUDIT_KEYS``). ``run_one(r, x, cfg, 0)``
+
+    The batches, latent vectors and gate draws come from ``iteration_draws`` with ``seed``: the same for every
+    method, the Keras recipe (which has no gate) included.
+    """
     rng = np.random.default_rng(seed)
     keras_recipe = runner.method == "trainable_flag"
     log, times = [], []
     totals: dict[str, Any] = {k: 0.0 if "max" in k else 0 for k in AUDIT_KEYS}
     for it in range(1, config.iterations + 1):
-        real = images[rng.integers(0, len(images), config.batch)]
-        z_d = rng.normal(size=(config.batch, Z_DIM)).astype(np.float32)
-        z_g = rng.normal(size=(config.batch, Z_DIM)).astype(np.float32)
+        idx, z_d, z_g, do = iteration_draws(rng, len(images), config)
+        real = images[idx]
         start = time.perf_counter()
         if keras_recipe:
             out = runner.keras_iteration(real, z_d, z_g)
         else:
-            do = (rng.random(4) < config.gate_probability).astype(np.float32)  # D's two gates, then G's
-            if runner.method == "gate_g_only":
-                do[:2] = 1.0
-            elif runner.method == "gate_d_only":
-                do[2:] = 1.0
-            out = {k: v.numpy() for k, v in runner.iteration(real, z_d, z_g, do[:2], do[2:]).items()}
+            do_d, do_g = gates_of(runner.method, do)
+            out = {k: v.numpy() for k, v in runner.iteration(real, z_d, z_g, do_d, do_g).items()}
         times.append(time.perf_counter() - start)
         for k in totals:
             totals[k] = max(totals[k], float(out[k])) if "max" in k else totals[k] + int(out[k])
