@@ -1,11 +1,14 @@
-"""Benchmark: asynchronous Downpour SGD on the Deep MNIST CNN -- scaling with workers, and the cost of the ps.
+"""Benchmark: asynchronous Downpour on the Deep MNIST CNN with Adam on the ps -- scaling with workers, and the
+cost of the ps.
 
 In one run, on one ``LocalCluster`` (4 workers, 2 ps tasks; each worker limited to one core:
 ``intra_op_parallelism_threads=1`` and ``os.sched_setaffinity``), repeated ``--repeats`` times, interleaved:
 
-* the same worker loop in a local process limited the same way (no ps, no network);
-* Downpour with 1 worker and with 2 workers, ``n_fetch = n_push = 4``;
+* the same worker loop in a local process limited the same way (no ps, no network; Adam applied locally);
+* Downpour with 1 worker and with 2 workers, ``n_fetch = n_push = 4``, Adam on the ps (``--optimizer``);
 * then 4 workers, oversubscribed: 4 one-core workers on this machine's cores.
+
+Every run reads the study's MNIST from IDX files (``study.ps.data:idx``), the workers each their own shard.
 
 Ratios: scaling = steps/s of 2 workers / 1 worker (target >= 1.6); overhead = the PS step time / the local
 step time, with 1 worker (target <= 1.3). Steps/s are measured after warm-up (tracing, shipping the function
@@ -23,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 from study.ps.local import LocalCluster  # noqa: E402
 from study.ps import DownpourConfig, run_downpour  # noqa: E402
 
-BASE = DownpourConfig(n_fetch=4, n_push=4, steps_per_function=8, batch=50, learning_rate=0.05, ps=2)
+BASE = DownpourConfig(n_fetch=4, n_push=4, steps_per_function=8, batch=50, learning_rate=0.001, optimizer="adam",
+                      ps=2, data="study.ps.data:idx")
 
 
 def _load() -> float:
@@ -51,10 +56,10 @@ def local_child(config: DownpourConfig, functions: int, repeats: int) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def ps_run(cluster: LocalCluster, workers: int, functions_per_worker: int) -> dict:
+def ps_run(cluster: LocalCluster, base: DownpourConfig, workers: int, functions_per_worker: int) -> dict:
     warmup = workers  # one function per worker: tracing, and shipping the function and the data to it
-    config = dataclasses.replace(BASE, workers=workers, warmup_functions=warmup,
-                                 steps=(warmup + functions_per_worker * workers) * BASE.steps_per_function)
+    config = dataclasses.replace(base, workers=workers, warmup_functions=warmup,
+                                 steps=(warmup + functions_per_worker * workers) * base.steps_per_function)
     load = _load()
     r = run_downpour(config, cluster, timeout_s=900)
     window = r["steady_seconds"]
@@ -84,6 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--functions-per-worker", type=int, default=4, help="timed functions per worker per run")
     parser.add_argument("--four-workers", type=int, default=2, help="repeats of the 4-worker run (0: skip)")
+    parser.add_argument("--optimizer", default=BASE.optimizer, help="on the ps: adam (default), sgd, adagrad, ...")
     parser.add_argument("--local-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.local_child:
@@ -96,18 +102,24 @@ def main(argv: list[str] | None = None) -> dict:
 
     started = time.monotonic()
     runs: dict[str, list] = {"local": [], "1": [], "2": [], "4": []}
-    with LocalCluster(workers=4, ps=2, start_timeout=300) as cluster:
+    from study.ps.data import write_study_mnist
+
+    data = tempfile.TemporaryDirectory(prefix="bench-ps-")
+    base = dataclasses.replace(BASE, optimizer=args.optimizer,
+                               learning_rate=0.05 if args.optimizer in ("sgd", "adagrad") else BASE.learning_rate,
+                               data_kwargs={"folder": str(write_study_mnist(data.name))})
+    with data, LocalCluster(workers=4, ps=2, start_timeout=300) as cluster:
         for _ in range(args.repeats):
-            local = local_child(BASE, functions=args.functions_per_worker, repeats=1)
+            local = local_child(base, functions=args.functions_per_worker, repeats=1)
             runs["local"].append({"steps_per_s": local["steps_per_s"][0], "cpu_s_per_step": local["cpu_s_per_step"][0],
                                   "cpu_share": local["steps_per_s"][0] * local["cpu_s_per_step"][0],
                                   "limits": local["limits"]})
             print(f"  local loop: {runs['local'][-1]['steps_per_s']:.2f} steps/s", flush=True)
             for workers in (1, 2):
-                runs[str(workers)].append(ps_run(cluster, workers, args.functions_per_worker))
+                runs[str(workers)].append(ps_run(cluster, base, workers, args.functions_per_worker))
                 print(f"  {workers} worker(s): {runs[str(workers)][-1]['steps_per_s']:.2f} steps/s", flush=True)
         for _ in range(args.four_workers):
-            runs["4"].append(ps_run(cluster, 4, max(1, args.functions_per_worker // 2)))
+            runs["4"].append(ps_run(cluster, base, 4, max(1, args.functions_per_worker // 2)))
             print(f"  4 workers: {runs['4'][-1]['steps_per_s']:.2f} steps/s", flush=True)
     rate = {k: [r["steps_per_s"] for r in v] for k, v in runs.items()}
     scaling = [b / a for a, b in zip(rate["1"], rate["2"])]
@@ -124,10 +136,11 @@ def main(argv: list[str] | None = None) -> dict:
            "scaling_4_over_1": [r / statistics.fmean(rate["1"]) for r in rate["4"]],
            "limits": f"each worker and the local loop: {runs['local'][0]['limits'].replace(', pinned to core 0', '')}, "
                      "one core each (os.sched_setaffinity)",
-           "config": dataclasses.asdict(BASE), "cpus": os.cpu_count(), "seconds": time.monotonic() - started}
-    print(f"\nAsynchronous Downpour SGD, Deep MNIST CNN (3,274,634 parameters), batch {BASE.batch}, "
-          f"n_fetch = n_push = {BASE.n_fetch}, {BASE.steps_per_function} steps per scheduled function, 2 ps tasks "
-          f"(fc1/kernel split over both), {os.cpu_count()} cores.")
+           "config": dataclasses.asdict(base), "cpus": os.cpu_count(), "seconds": time.monotonic() - started,
+           "command": "python bench/bench_ps.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    print(f"\nAsynchronous Downpour, Deep MNIST CNN (3,274,634 parameters), {base.optimizer} on the ps, batch "
+          f"{base.batch}, n_fetch = n_push = {base.n_fetch}, {base.steps_per_function} steps per scheduled function, "
+          f"2 ps tasks (fc1/kernel split over both), {os.cpu_count()} cores.")
     print(f"Limits: {out['limits']}; ps and chief unlimited. Steps/s after warm-up, {args.repeats} repeats, "
           f"interleaved; load average {min(r['load_before'] for r in runs['1']):.1f}-"
           f"{max(r['load_after'] for r in runs['2']):.1f} during the runs.")

@@ -19,3 +19,9 @@ def broken_model() -> None:
 def bad_shape(model) -> dict:
     """A mask function whose mask does not fit its variable."""
     return {"fc1/kernel": [True, False, True]}
+
+
+def per_worker(split: str, worker, workers: int):
+    """A dataset function that shards itself: worker w reads rows 100 w, 100 w + 1, 100 w + 2."""
+    rows = tf.data.Dataset.range(3).map(lambda i: tf.cast(i + 100 * tf.cast(worker, tf.int64), tf.float32))
+    return rows.map(lambda x: (tf.reshape(x, (1,)), tf.cast(x, tf.int32)))

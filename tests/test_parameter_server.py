@@ -242,3 +242,20 @@ def test_a_failing_push_is_not_a_lost_ps_and_every_chief_error_ends_with_a_messa
     assert f"data: a data file cannot be read (NotFoundError: {missing}/t10k-images-idx3-ubyte" in log
     code, log = _chief(cluster, {**base, "optimizer": "adamz"}, tmp_path)
     assert code == faults.EXIT_BAD_INPUT and "optimizer: got 'adamz'; allowed: 'sgd', 'adagrad'" in log, log
+
+
+@pytest.mark.cluster
+def test_the_walk_through_s_second_model_trains_with_adam_and_a_frozen_layer(cluster, tmp_path, monkeypatch):
+    """docs/parameter_server.md's job (examples/ps_tabular/job.json), shortened, on the module's cluster."""
+    repo = TESTS.parent
+    monkeypatch.syspath_prepend(str(repo))
+    monkeypatch.chdir(repo)  # the chief imports examples.* from the repository root, as in the walk-through
+    from examples.ps_tabular.data import write
+
+    job = json.loads((repo / "examples" / "ps_tabular" / "job.json").read_text())
+    job.update(data_kwargs={"folder": str(write(tmp_path / "tabular"))}, checkpoint_dir=str(tmp_path / "ckpt"),
+               steps=96, eval_every=24, checkpoint_every=24, workers=2, ps=2)
+    r = run_downpour(DownpourConfig(**job), cluster, timeout_s=400)
+    assert r["frozen"]["frozen_entries"] == 30 * 32 + 32 and r["frozen"]["frozen_changed_bits"] == 0
+    assert r["curve"][-1]["loss"] < 0.6 * r["curve"][0]["loss"] and r["final_accuracy"] > 0.85
+    assert r["optimizer"] == "adam" and r["applied_updates"] == 48 and r["samples_shared_between_workers"] == 0

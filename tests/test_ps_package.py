@@ -81,6 +81,24 @@ def test_freeze_and_masks_that_match_no_variable_are_clear_errors():
         PsVariables(model, DownpourConfig(model=MLP, optimizer="adam", masks="ps_hooks:bad_shape"))
 
 
+# -- data ---------------------------------------------------------------------------------------------------
+
+
+def test_each_worker_reads_every_workers_th_row_and_a_self_sharding_function_gets_its_index(tmp_path):
+    from study.ps.data import INDEX_STRIDE, train_dataset, write_idx
+
+    images = np.arange(10 * 4, dtype=np.uint8).reshape(10, 2, 2)
+    write_idx(tmp_path, images, np.arange(10), images[:2], np.arange(2))
+    job = DownpourConfig(data="study.ps.data:idx", data_kwargs={"folder": str(tmp_path), "height": 2, "width": 2},
+                         batch=5, shuffle_buffer=1)
+    x, y, ids = next(iter(train_dataset(job)(tf.constant(1), 2)))
+    assert ids.numpy().tolist() == y.numpy().tolist() == [1, 3, 5, 7, 9]
+    np.testing.assert_array_equal(x.numpy()[:, :, :, 0], (images[1::2] / 255.0).astype(np.float32))  # as load_mnist
+    job = DownpourConfig(data="ps_hooks:per_worker", batch=3, shuffle_buffer=1)
+    x, y, ids = next(iter(train_dataset(job)(tf.constant(2), 4)))
+    assert y.numpy().tolist() == [200, 201, 202] and ids.numpy().tolist() == [2 * INDEX_STRIDE + i for i in range(3)]
+
+
 # -- the optimizer on the ps, locally -----------------------------------------------------------------------
 
 
@@ -292,3 +310,14 @@ def test_listening_addresses_are_read_from_proc_and_a_wider_listener_is_refused(
             bind_address.check_listening(wide_port, "127.0.0.1")
     with pytest.raises(ValueError, match="--bind: expected an IP address of this machine"):
         bind_address.check_address("localhost:2222")
+
+
+def test_the_walk_through_s_job_file_is_the_one_the_docs_show_and_a_valid_job(monkeypatch):
+    repo = LIB.parents[2]
+    monkeypatch.syspath_prepend(str(repo))
+    text = (repo / "docs" / "parameter_server.md").read_text()
+    shown = json.loads(text.split("```json\n", 1)[1].split("```", 1)[0])
+    job = json.loads((repo / "examples" / "ps_tabular" / "job.json").read_text())
+    assert shown == job
+    config = DownpourConfig(**job)
+    assert config.optimizer == "adam" and config.freeze == ["encoder"] and config.masked

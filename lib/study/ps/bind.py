@@ -151,8 +151,23 @@ def active() -> str | None:
     return wanted if wanted and loaded else None
 
 
-def listening(port: int) -> list[str]:
-    """Local addresses with a socket listening on TCP ``port``, read from ``/proc/net/tcp`` and ``tcp6``."""
+def _own_sockets() -> set[str]:
+    """Inodes of this process's sockets, from ``/proc/self/fd``."""
+    inodes = set()
+    for fd in Path("/proc/self/fd").glob("*"):
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def listening(port: int, own: bool = False) -> list[str]:
+    """Local addresses with a socket listening on TCP ``port`` (``own``: this process's sockets only), read from
+    ``/proc/net/tcp`` and ``tcp6``."""
+    mine = _own_sockets() if own else None
     found = []
     for name, width in (("tcp", 4), ("tcp6", 16)):
         try:
@@ -161,7 +176,7 @@ def listening(port: int) -> list[str]:
             continue
         for line in lines:
             fields = line.split()
-            if len(fields) < 4 or fields[3] != "0A":  # 0A: LISTEN
+            if len(fields) < 10 or fields[3] != "0A" or (mine is not None and fields[9] not in mine):  # 0A: LISTEN
                 continue
             host, _, hex_port = fields[1].partition(":")
             if int(hex_port, 16) != port:
@@ -181,8 +196,11 @@ def describe(addresses: list[str]) -> str:
 
 
 def check_listening(port: int, address: str) -> None:
-    """Raise ``BindError`` unless ``port`` listens on ``address`` and nothing else. ``check_listening(2222, "127.0.0.1")``"""
-    seen = {plain(a) for a in listening(port)}
+    """Raise ``BindError`` unless this process listens on ``port`` at ``address`` and nowhere else.
+
+    ``check_listening(2222, "127.0.0.1")``
+    """
+    seen = {plain(a) for a in listening(port, own=True)}
     if seen != {plain(address)}:
         raise BindError(f"--bind {address}: port {port} listens on {describe(sorted(seen))}, not on {address} only; "
                         "stopping rather than serving more widely than asked")

@@ -261,7 +261,7 @@ class _Chief:
             if self.state["curve"] and self.state["curve"][-1]["applied_updates"] == version:
                 continue
             scores = evaluate(self.model, trainable, self.ps.full_state(seeds, state), self.x_test, self.y_test,
-                              self.loss)
+                              self.loss, self.config.from_logits)
             self.state["curve"].append({"applied_updates": version, "seconds": seconds, **scores})
 
     def _frozen(self, final: list[np.ndarray]) -> dict[str, Any] | None:

@@ -154,7 +154,7 @@ def serve(config: dict[str, Any] | None = None, orphan_guard: bool = False, work
     if bind is not None:
         bind_address.check_listening(port, bind)
     print(f"serving {job}:{index} at {server.target}; listening on "
-          f"{bind_address.describe(bind_address.listening(port))}{limits}", flush=True)
+          f"{bind_address.describe(bind_address.listening(port, own=True))}{limits}", flush=True)
     if orphan_guard:
         exit_with_parent()
     server.join()

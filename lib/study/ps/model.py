@@ -52,23 +52,27 @@ def make_loss(config: DownpourConfig) -> Callable[[Any, Any], Any]:
 
 
 def evaluate(model: Any, trainable: Sequence[np.ndarray], state: Sequence[np.ndarray], x: np.ndarray, y: np.ndarray,
-             loss: Callable[[Any, Any], Any], batch: int = 500) -> dict[str, float | None]:
-    """Mean loss and, for class labels and one score per class, accuracy of ``model`` on these values.
+             loss: Callable[[Any, Any], Any], from_logits: bool = True, batch: int = 500) -> dict[str, float | None]:
+    """Mean loss and, for class labels, accuracy of ``model`` run on these values.
 
-    ``state`` is the model's full non-trainable state (``PsVariables.full_state``). Accuracy is None when
-    ``y`` is not integer labels of a ``(batch, classes)`` output.
+    ``state`` is the model's full non-trainable state (``PsVariables.full_state``). Accuracy: the arg-max of a
+    ``(batch, classes)`` output against integer labels, or a single output against 0/1 labels, thresholded at 0
+    (``from_logits``) or 0.5; None for anything else (a regression).
     """
     import tensorflow as tf
 
     weights = [tf.constant(w) for w in trainable]
     full = [tf.constant(s) for s in state]
-    losses, correct, outputs_are_classes = [], 0, True
+    total, correct, classes = 0.0, 0, np.issubdtype(y.dtype, np.integer)
     for start in range(0, len(x), batch):
         xb, yb = x[start:start + batch], y[start:start + batch]
         out = model.stateless_call(weights, full, tf.constant(xb), training=False)[0]
-        losses.append(float(loss(tf.constant(yb), out)) * len(xb))
-        outputs_are_classes = outputs_are_classes and out.shape.rank == 2 and out.shape[-1] > 1
-        if outputs_are_classes and np.issubdtype(yb.dtype, np.integer):
-            correct += int(np.sum(np.argmax(out.numpy(), axis=-1) == yb.reshape(-1)))
-    accuracy = correct / len(x) if outputs_are_classes and np.issubdtype(y.dtype, np.integer) and len(x) else None
-    return {"loss": sum(losses) / max(1, len(x)), "accuracy": accuracy}
+        total += float(loss(tf.constant(yb), out)) * len(xb)
+        scores, labels = out.numpy().reshape(len(xb), -1), yb.reshape(len(xb), -1)
+        if scores.shape[1] > 1 and labels.shape[1] == 1:
+            correct += int(np.sum(np.argmax(scores, axis=1) == labels[:, 0]))
+        elif scores.shape[1] == 1 and labels.shape[1] == 1 and np.isin(labels, (0, 1)).all():
+            correct += int(np.sum((scores[:, 0] > (0.0 if from_logits else 0.5)) == labels[:, 0].astype(bool)))
+        else:
+            classes = False
+    return {"loss": total / max(1, len(x)), "accuracy": correct / len(x) if classes and len(x) else None}
