@@ -27,8 +27,8 @@ from freezing.masked_optimizer import MaskedOptimizer
 from freezing.determinism import enable_determinism
 from study.optimizers import OPTIMIZERS, make_optimizer
 from study.processes import map_in_processes
-from study.prose import num, sci
-from study.reporting import format_count, format_mean_std
+from study.prose import num, pm, sci
+from study.reporting import format_count
 from freezing.slots import SlotStash, reset_slots, restore_slots, slots, stash_slots
 from freezing.validation import check_choice, check_choices, check_int_list, check_positive_int, check_range
 
@@ -39,8 +39,36 @@ SEED2_TF1_METHODS = ("naive", "reset_slots", "stash_restore")
 SEED2_TF2_METHODS = SEED2_TF1_METHODS + ("hold", "reset")
 DRIFT_POLICIES = ("naive", "hold", "reset")
 STATELESS = ("sgd", "adagrad", "adadelta", "rmsprop", "ftrl")
-"""Optimizers (as built in ``study.optimizers``) whose step is zero where the gradient is zero: no momentum,
-no first moment, no weight decay. Every other one moves frozen entries under a stop_gradient mask."""
+"""Optimizers (as built in ``study.optimizers``) that leave an entry with a zero gradient bit for bit still: no
+momentum, no first moment, no weight decay. SGD, RMSprop without momentum, Adagrad and Adadelta take a step
+proportional to the gradient (their state only scales it); Ftrl (with L1 here) recomputes the weight from its
+accumulators, which a zero gradient leaves unchanged. Every other one moves frozen entries under a stop_gradient mask."""
+
+
+def optimizer_label(name: str) -> str:
+    """``name`` with its Keras class and the options that make it what it is. ``optimizer_label("rmsprop_centered")``
+
+    -> ``'rmsprop_centered (RMSprop, momentum 0.5, centered)'``: the drift comes from the momentum, which the name
+    does not say.
+    """
+    opt = make_optimizer(name, 0.01)
+    config = opt.get_config()
+    notes = [type(opt).__name__]
+    if config.get("momentum"):
+        notes.append(f"momentum {config['momentum']:g}")
+    for flag, text in (("nesterov", "Nesterov"), ("amsgrad", "AMSGrad"), ("centered", "centered")):
+        if config.get(flag):
+            notes.append(text)
+    if config.get("weight_decay"):
+        notes.append(f"weight decay {config['weight_decay']:g}")
+    if config.get("l1_regularization_strength"):
+        notes.append(f"L1 {config['l1_regularization_strength']:g}")
+    return f"{name} ({', '.join(notes)})"
+
+
+def optimizer_classes(names: Sequence[str]) -> list[str]:
+    """The Keras optimizer classes behind ``names``, sorted. ``optimizer_classes(["sgd", "momentum"]) == ["SGD"]``"""
+    return sorted({type(make_optimizer(name, 0.01)).__name__ for name in names})
 
 
 COLUMNS = {
@@ -57,8 +85,9 @@ COLUMNS = {
     "max_abs_dW": "largest |ΔW| of a frozen entry in this step (W units)",
     "max_abs_displacement": "largest |W - W_freeze| of a frozen entry after this step (W units)",
     "frozen_entries": "entries of W frozen in each step (count)",
-    "changed_entries_sum_mean": "frozen entries that changed, summed over all steps after freezing (count), mean over seeds",
-    "changed_entries_sum_std": "std over seeds of changed_entries_sum (count)",
+    "changed_entries_sum_mean": "frozen entry-steps that changed: changed entries summed over all steps after freezing "
+                                "(count), mean over seeds",
+    "changed_entries_sum_std": "std over seeds of changed_entries_sum (count of entry-steps)",
     "steps_with_change_mean": "steps in which at least one frozen entry changed (count), mean over seeds",
     "steps_with_change_std": "std over seeds of steps_with_change (count)",
     "max_abs_dW_mean": "largest one-step |ΔW| of a frozen entry over all steps (W units), mean over seeds",
@@ -243,9 +272,9 @@ def drift_matrix(config: AdamDriftConfig, progress: bool = True) -> pd.DataFrame
     def report(i: int, runs: pd.DataFrame) -> None:
         if progress:
             per_run = runs.groupby(["policy", "seed"])["changed_entries"].sum().groupby("policy").mean()
-            print(f"{config.optimizers[i]:<17} frozen entries changed, summed over {config.steps} steps (mean over "
-                  f"{len(config.seeds)} seeds): " + ", ".join(f"{p} {per_run[p]:g}" for p in config.policies),
-                  flush=True)
+            print(f"{config.optimizers[i]:<17} frozen entry-steps that changed, of "
+                  f"{int(runs['frozen_entries'].iloc[0]) * config.steps:,} (mean over {len(config.seeds)} seeds): "
+                  + ", ".join(f"{p} {num(float(per_run[p]))}" for p in config.policies), flush=True)
 
     frames = map_in_processes(optimizer_runs, [(config, name) for name in config.optimizers], config.processes,
                               threads=1, on_result=report)
@@ -363,6 +392,28 @@ def drift_summary(matrix: pd.DataFrame) -> pd.DataFrame:
     return summary.reset_index()
 
 
+def drift_table(summary: pd.DataFrame, optimizers: Sequence[str], policies: Sequence[str]) -> pd.DataFrame:
+    """The report's table: per optimizer, entry-steps changed under each policy and the naive mask's drift.
+
+    Counts with thousands separators as mean ± std over seeds, other values in plain notation; an optimizer row
+    is labelled with its class and options (``optimizer_label``). ``drift_table(drift_summary(m), ["adam"], ["naive"])``
+    """
+    by = summary.set_index(["optimizer", "policy"])
+    steps, frozen = int(summary["steps"].max()), int(summary["frozen_entries"].max())
+    table = pd.DataFrame(index=pd.Index([optimizer_label(o) for o in optimizers], name="optimizer (Keras class, options)"))
+    for policy in policies:
+        rows = by.xs(policy, level="policy").reindex(list(optimizers))
+        table[f"{policy}: frozen entry-steps that changed (of {frozen} × {steps} = {frozen * steps:,})"] = [
+            format_count(r.changed_entries_sum_mean, r.changed_entries_sum_std) for r in rows.itertuples()]
+    if "naive" in policies:
+        naive = by.xs("naive", level="policy").reindex(list(optimizers))
+        table[f"naive: steps (of {steps}) in which a frozen entry changed"] = [
+            pm(r.steps_with_change_mean, r.steps_with_change_std) for r in naive.itertuples()]
+        table[f"naive: max |W − W_freeze| after {steps} steps (W units)"] = [
+            pm(r.max_abs_displacement_mean, r.max_abs_displacement_std) for r in naive.itertuples()]
+    return table
+
+
 def headline(metrics: dict[str, Any], summary: pd.DataFrame) -> dict[str, str]:
     """Every section and every optimizer row, as text for ``results/SUMMARY.md``. ``headline(metrics, summary)``"""
     s2 = metrics["seed2"]
@@ -380,9 +431,9 @@ def headline(metrics: dict[str, Any], summary: pd.DataFrame) -> dict[str, str]:
         f"mask only (naive gate), {int(summary['frozen_entries'].max())} frozen entries, {steps} steps after "
         f"freezing; {spread}")
     for r in summary[summary["policy"] == "naive"].itertuples():
-        out[f"{r.optimizer}: frozen entries changed, summed over the steps (count); max |W − W_freeze| at the end "
-            f"(W units)"] = (f"{format_mean_std(r.changed_entries_sum_mean, r.changed_entries_sum_std)}; "
-                             f"{format_mean_std(r.max_abs_displacement_mean, r.max_abs_displacement_std)}")
+        out[f"{r.optimizer}: frozen entries changed, summed over the steps (count of entry-steps); max |W − W_freeze| "
+            f"at the end (W units)"] = (f"{format_count(r.changed_entries_sum_mean, r.changed_entries_sum_std)}; "
+                                        f"{pm(r.max_abs_displacement_mean, r.max_abs_displacement_std)}")
     fixed = summary[summary["policy"] != "naive"]
     if len(fixed):
         policies = "/".join(dict.fromkeys(fixed["policy"]))

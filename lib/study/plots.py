@@ -8,7 +8,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib.colors import LogNorm
+from matplotlib.colors import ListedColormap, LogNorm
 from matplotlib.ticker import MaxNLocator
 
 
@@ -17,7 +17,14 @@ FAMILY_COLOURS = {"naive": "tab:red", "reset_slots": "tab:blue", "reset": "tab:b
 
 
 def seed2_trajectories(table: pd.DataFrame, entries: tuple[int, ...] = (1, 0)) -> plt.Figure:
-    """W[i] after each step of the seed example, a panel per entry; colour = method, marker = API. ``seed2_trajectories(df)``"""
+    """W[i] before and after each step of the seed example, a panel per entry; colour = method, marker = API.
+
+    Methods that give the same W share a colour: ``reset_slots`` and MaskedOptimizer's ``reset`` (blue),
+    ``stash_restore`` and ``hold`` (green). The legend names each colour once and each marker once.
+    ``seed2_trajectories(df)``
+    """
+    from matplotlib.lines import Line2D
+
     masks = [str(m) for m in table.drop_duplicates("step").sort_values("step")["mask"]]
     fig, axes = plt.subplots(1, len(entries), figsize=(5.2 * len(entries), 4.2), sharex=True, sharey=True,
                              squeeze=False)
@@ -27,36 +34,46 @@ def seed2_trajectories(table: pd.DataFrame, entries: tuple[int, ...] = (1, 0)) -
             if mask.replace(" ", "").strip("[]").split(",")[entry] == "0":
                 ax.axvspan(step - 0.45, step + 0.45, color="0.9", zorder=0)
         for (api, method), rows in table.groupby(["api", "method"], sort=False):
-            ax.plot(rows["step"], rows[f"W[{entry}]"], color=FAMILY_COLOURS.get(method, "0.4"), alpha=0.8,
-                    label=f"{api}: {method}", **styles.get(api, {}))
-        ax.set_xticks(range(1, len(masks) + 1), [f"step {i}\nMW = {m}" for i, m in enumerate(masks, start=1)],
-                      fontsize=8)
+            steps = np.concatenate([[0], rows["step"].to_numpy()])  # W = 0 before step 1
+            values = np.concatenate([[0.0], rows[f"W[{entry}]"].to_numpy()])
+            ax.plot(steps, values, color=FAMILY_COLOURS.get(method, "0.4"), alpha=0.8, **styles.get(api, {}))
+        ax.set_xticks(range(0, len(masks) + 1), ["start\n(W = 0)"]
+                      + [f"step {i}\nMW = {m}" for i, m in enumerate(masks, start=1)], fontsize=8)
         same = table[f"W[{entry}]"].round(4).groupby(table["step"]).nunique().max() == 1  # TF1, TF2 differ ~1e-6
         ax.set_title(f"W[{entry}]" + (": the same under every method" if same else "")
                      + "\n(grey: frozen in that step, gradient 0)", fontsize=10)
         ax.set_xlabel("training step and its mask (1 = trains)")
-        ax.set_xlim(0.5, len(masks) + 0.5)  # the same steps at the same place in every panel
+        ax.set_xlim(-0.5, len(masks) + 0.5)  # the same steps at the same place in every panel
         ax.grid(axis="y", alpha=0.3)
     axes[0, 0].set_ylabel("value after the step (W units)")
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False, bbox_to_anchor=(0.5, -0.13))
-    fig.suptitle("Seed example under Adam (lr 0.1). Red: mask only; blue: slots zeroed (and MaskedOptimizer's reset); "
-                 "green: slots stashed and restored (and hold).\nTF1 graph mode (crosses, dashed) and TF2 (dots) "
-                 "overlap; hold and reset lie under the green and blue lines.", fontsize=10)
+    present = list(dict.fromkeys(table["method"]))
+    families = [("naive", "mask only (naive)"), ("reset_slots", "slots zeroed: reset_slots (TF1, TF2) = reset"),
+                ("stash_restore", "slots stashed and restored: stash_restore (TF1, TF2) = hold")]
+    handles = [Line2D([], [], color=FAMILY_COLOURS[m], lw=2, label=text) for m, text in families if m in present]
+    handles += [Line2D([], [], color="0.3", label=f"{api} ({'crosses, dashed' if api.startswith('TF1') else 'dots, solid'})",
+                       **styles[api]) for api in dict.fromkeys(table["api"]) if api in styles]
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False, bbox_to_anchor=(0.5, -0.1))
+    fig.suptitle("Seed example under Adam (lr 0.1). Colour: the method; marker: the API. TF1 and TF2 overlap, and "
+                 "hold and reset\ngive exactly the W of stash_restore and reset_slots, so their lines lie under the "
+                 "green and blue ones.", fontsize=10)
     fig.tight_layout()
     return fig
 
 
-def drift_heatmap(matrix: pd.DataFrame) -> plt.Figure:
-    """Optimizer x steps since freezing, a panel per policy; colour = max |ΔW| of a frozen entry in that step. ``drift_heatmap(m)``"""
+def drift_heatmap(matrix: pd.DataFrame, labels: dict[str, str] | None = None) -> plt.Figure:
+    """Optimizer x steps since freezing, a panel per policy; colour = max |ΔW| of a frozen entry in that step.
+
+    ``labels`` maps an optimizer name to its row label. The colour map leaves out magma's near-white end, so the
+    smallest non-zero cell stays visibly coloured next to the grey of an exact zero. ``drift_heatmap(m)``
+    """
     policies = list(dict.fromkeys(matrix["policy"]))
     optimizers = list(dict.fromkeys(matrix["optimizer"]))
     mean = matrix.groupby(["policy", "optimizer", "step"])["max_abs_dW"].mean()
     changed = matrix.groupby(["policy", "optimizer"])["changed_entries"].sum()
     positive = mean[mean > 0]
     norm = LogNorm(vmin=max(float(positive.min()), 1e-12), vmax=float(positive.max())) if len(positive) else None
-    cmap = plt.get_cmap("magma_r").copy()
-    cmap.set_bad("0.85")
+    cmap = ListedColormap(plt.get_cmap("magma_r")(np.linspace(0.15, 0.95, 256)))
+    cmap.set_bad("0.8")
     steps = sorted(matrix["step"].unique())
     fig, axes = plt.subplots(1, len(policies), figsize=(3.9 * len(policies) + 1.2, 0.3 * len(optimizers) + 2.2),
                              sharey=True, sharex=True, squeeze=False, layout="constrained")
@@ -69,7 +86,7 @@ def drift_heatmap(matrix: pd.DataFrame) -> plt.Figure:
         still = int((changed.loc[policy].reindex(optimizers) == 0).sum())
         ax.set_title(f"{policy}: {still} of {len(optimizers)} optimizers\nchanged no frozen entry", fontsize=10)
         ax.set_xlabel("step after freezing")
-        ax.set_yticks(range(len(optimizers)), optimizers)
+        ax.set_yticks(range(len(optimizers)), [(labels or {}).get(o, o) for o in optimizers])
         ticks = [s for s in steps if s == 1 or s % max(1, len(steps) // 4) == 0]
         ax.set_xticks(ticks)
     if image is not None and norm is not None:
