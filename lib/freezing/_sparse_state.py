@@ -14,8 +14,11 @@ optimizer updates ``values`` with its own ``update_step`` (nothing masked, nothi
 result is scattered back. Memory is ``K * (4 + 4 + slot bytes)`` instead of ``N * slot bytes``, and
 the update costs in proportion to K. An elementwise optimizer (SGD, Adam, AdamW, RMSprop, ...)
 computes each entry from that entry's gradient and state alone, so the trainable entries get the
-bits the dense ``hold`` path gives them; gradient clipping by norm and Lamb's trust ratio sum over
-the K entries in another order than over the dense variable, so they agree to float rounding.
+bits the dense ``hold`` path gives them (SGD, momentum, Adam, AdamW, Adamax, Nadam, AMSGrad, Lion,
+Ftrl, checked). Two exceptions agree to float rounding only: an update of the form ``x / sqrt(y)``
+(Adagrad, Adadelta, RMSprop), which Grappler rewrites as ``x * rsqrt(y)``, whose vectorised and
+scalar loops round differently (the gather moves entries between them: a few ulp); and norms
+(clipping, Lamb's trust ratio), which sum the K entries in another order than the dense variable.
 
 A selection that is wholly frozen keeps no state at all; a wholly trainable one is a dense variable.
 The selection is fixed: after ``build`` only the same mask is accepted (``set_mask`` raises).
@@ -46,9 +49,9 @@ class _Entry:
 class SparseState:
     """The sparse state of one ``MaskedOptimizer``: one ``_Entry`` per variable with a fixed selection."""
 
-    def __init__(self, wrapper: Any, sizes: dict[str, int]):
+    def __init__(self, wrapper: Any, sizes: list[int | None]):
         self.wrapper = wrapper
-        self._sizes = dict(sizes)  # path -> K, from a saved config: build creates K-entry state
+        self._sizes = list(sizes)  # K per built variable (None: dense), from a saved config: build recreates it
         self.entries: dict[int, _Entry] = {}  # variable key -> entry
         self.frozen: set[int] = set()  # variables wholly frozen under sparse state: no inner state at all
         self._by_values: dict[int, _Entry] = {}  # key of the scratch variable -> entry
@@ -63,15 +66,15 @@ class SparseState:
         if not self.on:
             return var_list
         wrapper, out = self.wrapper, []
-        for v in var_list:
+        for i, v in enumerate(var_list):
             path, key = variable_path(v), wrapper._var_key(v)
             keep = pending.get(path)
             if keep is not None:
                 keep = _masks.check_mask(keep, v, "set_mask")
                 flat = np.flatnonzero(np.broadcast_to(keep, tuple(v.shape)))
                 size = int(flat.size)
-            elif path in self._sizes:
-                flat, size = None, int(self._sizes[path])
+            elif i < len(self._sizes) and self._sizes[i] is not None:
+                flat, size = None, int(self._sizes[i])
             else:
                 out.append(v)
                 continue
@@ -99,15 +102,13 @@ class SparseState:
         """The saved sparse state: the selections (the scratch values are refilled at every step)."""
         return [e.index for e in self.entries.values()]
 
-    def sizes(self) -> dict[str, int]:
-        """``{path: K}`` for the config: what ``build`` needs to recreate the state before loading it."""
-        out = {variable_path(e.variable): e.size for e in self.entries.values()}
-        for key in self.frozen:
-            out[variable_path(self._variable(key))] = 0
+    def sizes(self) -> list[int | None]:
+        """K per built variable (None: dense state), for the config: what ``build`` needs before loading the state."""
+        out = []
+        for v in self.wrapper._trainable_variables:
+            key = self.wrapper._var_key(v)
+            out.append(0 if key in self.frozen else self.entries[key].size if key in self.entries else None)
         return out
-
-    def _variable(self, key: int) -> Any:
-        return next(v for v in self.wrapper._trainable_variables if self.wrapper._var_key(v) == key)
 
     def inner_variables(self, var_list: Any) -> list[Any]:
         """``var_list`` as the inner optimizer knows it (scratch values for sparse variables)."""
@@ -118,6 +119,10 @@ class SparseState:
                 continue
             out.append(self.entries[key].values if key in self.entries else v)
         return out
+
+    def holds_all(self, variable: Any) -> bool:
+        """Whether ``variable`` is wholly frozen under sparse state (the inner optimizer does not know it)."""
+        return bool(self.frozen) and self.wrapper._var_key(variable) in self.frozen
 
     def reference(self, variable: Any) -> Any:
         """The variable the inner optimizer keeps state for: the scratch values of a sparse one."""
@@ -135,6 +140,13 @@ class SparseState:
             return None
         flat = np.zeros(int(np.prod(variable.shape)), bool)
         flat[entry.index.numpy()] = True
+        return flat.reshape(tuple(variable.shape))
+
+    def to_full(self, variable: Any, values: np.ndarray) -> np.ndarray:
+        """Per-entry values of a sparse variable's K trainable entries, placed in an array shaped like it (0 elsewhere)."""
+        entry = self.entries[self.wrapper._var_key(variable)]
+        flat = np.zeros(int(np.prod(variable.shape)), np.asarray(values).dtype)
+        flat[entry.index.numpy()] = np.asarray(values).reshape(-1)
         return flat.reshape(tuple(variable.shape))
 
     def check_set(self, variable: Any, keep: np.ndarray) -> bool:
@@ -191,8 +203,7 @@ class SparseState:
     def scatter(self) -> None:
         """Write the updated scratch values back into their variables."""
         for entry in getattr(self, "_pending_scatter", []):
-            shape = tf.constant(tuple(entry.variable.shape), tf.int32)
-            where = tf.transpose(tf.unravel_index(tf.convert_to_tensor(entry.index), shape))
+            where = _unravel(tf.convert_to_tensor(entry.index), tuple(entry.variable.shape))
             variable = entry.variable.value if isinstance(entry.variable, keras.Variable) else entry.variable
             variable.scatter_nd_update(where, tf.convert_to_tensor(entry.values))
         self._pending_scatter = []
@@ -204,3 +215,9 @@ class SparseState:
         if entry is not None:
             total += entry.size * (4 + np.dtype(entry.values.dtype).itemsize)
         return total
+
+
+def _unravel(flat: tf.Tensor, shape: tuple[int, ...]) -> tf.Tensor:
+    """Flat row-major positions -> ``[K, rank]`` coordinates (``tf.unravel_index`` has no XLA kernel)."""
+    strides = [int(np.prod(shape[i + 1:])) for i in range(len(shape))]
+    return tf.stack([(flat // stride) % dim for stride, dim in zip(strides, shape)], axis=1)

@@ -252,16 +252,20 @@ def diagnose(model: Any, frozen: Any, optimizer: Any = None) -> Diagnosis:
         leaf = opt._optimizer_map(v) if multi is not None and isinstance(opt, multi) else opt
         live = id(v) in trainable or (id(v) not in owned and getattr(v, "trainable", False))
         updated = False  # whether fit hands it to the optimizer
-        if id(v) in stats:
+        sparse = masked is not None and masked.built and masked.state == "sparse"
+        ref = masked._sparse.reference(v) if sparse else v  # sparse state: the inner optimizer knows a scratch
+        if sparse and masked._sparse.holds_all(v):
+            updated = live  # wholly frozen with no state at all: the mask below holds every entry
+        elif id(v) in stats:
             bn = stats[id(v)]  # a non-trainable BN still updates them in a step traced while it was trainable
             if bn.trainable or (cached and any(known(opt, getattr(bn, a, None)) for a in ("gamma", "beta"))):
                 counts["batchnorm_statistics"] = f
-        elif live and opt.built and not known(opt, v):
+        elif live and opt.built and not known(opt, ref):
             counts["unknown_to_optimizer"] = f
         else:
-            updated = live or (cached and known(opt, v))
+            updated = live or (cached and known(opt, ref))
         keep = None
-        if masked is not None and (updated or known(opt, v)):
+        if masked is not None and (updated or known(opt, ref)):
             keep = masked.get_mask(v)
             keep = None if keep is None else np.broadcast_to(np.asarray(keep, bool), f.shape)
         held = f & ~keep if keep is not None and masked.policy in ("hold", "reset") else np.zeros_like(f)
@@ -270,13 +274,16 @@ def diagnose(model: Any, frozen: Any, optimizer: Any = None) -> Diagnosis:
             counts["not_masked" if masked is not None else "gradient"] = f if keep is None else f & keep
         elif updated:
             counts["trainable_changed_after_compile"] = exposed
-        if updated:
-            counts["moments"] = exposed & _moved_by_moments(leaf, v)
+        if updated and not (sparse and masked._sparse.holds_all(v)):
+            moved = _moved_by_moments(leaf, ref)
+            if ref is not v and isinstance(moved, np.ndarray):  # K entries of a sparse state, at their places
+                moved = masked._sparse.to_full(v, moved)
+            counts["moments"] = exposed & moved
             if leaf.weight_decay and leaf._use_weight_decay(v):
                 counts["weight_decay"] = exposed & (np.asarray(v.numpy()) != 0)
             if getattr(v, "constraint", None) is not None:
                 counts["constraint"] = exposed
-        if leaf.use_ema and ((leaf.ema_overwrite_frequency and known(leaf, v)) or (updated and live)):
+        if leaf.use_ema and ((leaf.ema_overwrite_frequency and known(leaf, ref)) or (updated and live)):
             counts["ema"] = exposed
         for cause in CAUSES:
             n = int(np.count_nonzero(counts.get(cause, 0)))

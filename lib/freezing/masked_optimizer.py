@@ -112,6 +112,8 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             ``a * b + c`` into fused multiply-adds, so trainable entries can differ from Keras'
             kernels in the last bit (frozen entries stay exact). Not under ``tf.distribute``.
         name: the optimizer's name.
+        sparse_sizes: written by ``get_config`` for ``state="sparse"`` (K per built variable, None for a
+            dense one) so that loading recreates the state before reading it; not for users.
 
     Returns:
         A ``keras.optimizers.Optimizer`` for ``model.compile`` or a custom loop.
@@ -143,7 +145,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         state: str = "dense",
         jit_update: bool = False,
         name: str | None = None,
-        sparse_sizes: dict[str, int] | None = None,
+        sparse_sizes: list[int | None] | None = None,
         **kwargs: Any,
     ):
         for option in ("use_ema", "gradient_accumulation_steps", "weight_decay", "clipnorm",
@@ -170,6 +172,8 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             raise ValueError(f"MaskedOptimizer: mask_fn must be callable(step, variable) or None; got {mask_fn!r}")
         if state == "sparse" and policy == "none":
             raise ValueError("MaskedOptimizer: state='sparse' keeps no state for frozen entries; use policy 'hold'")
+        if state == "sparse" and mask_fn is not None:
+            raise ValueError("MaskedOptimizer: state='sparse' is for a fixed selection; a mask_fn changes it every step")
         self.mask_fn = mask_fn
         self.jit_update = bool(jit_update)
         _distribute.check_construction(self)
@@ -179,7 +183,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         object.__setattr__(self, "_context", Context())  # the step in force, per replica
         object.__setattr__(self, "_paths", [])  # one WritePath per writing optimizer
         object.__setattr__(self, "_jitted", {})  # variables -> the XLA-compiled apply (jit_update)
-        object.__setattr__(self, "_sparse", SparseState(self, sparse_sizes or {}))
+        object.__setattr__(self, "_sparse", SparseState(self, sparse_sizes or []))
         self._masks = _masks.MaskStore()  # tracked by TF: the masks save with checkpoints
 
     # -- the Keras optimizer surface, forwarded to the inner optimizer ---------------------------
