@@ -55,6 +55,9 @@ class GradientStudyConfig:
     fault_model: str = "study.ps.examples:mnist_mlp"
     fault_steps: int = 240
     faults: Sequence[str] = ("worker", "chief", "ps")
+    # 7. Adam on the ps with frozen entries: an MLP, a random share masked_keep of fc1's kernel trains
+    masked_steps: int = 96
+    masked_keep: float = 0.5
     # 6. staleness in one process
     taus: Sequence[int] = (0, 1, 2, 4, 8)
     staleness_optimizers: Sequence[str] = ("sgd", "adam")
@@ -68,7 +71,8 @@ class GradientStudyConfig:
 
     def __post_init__(self) -> None:
         for name in ("batch", "repeats", "ps_tasks", "ps_steps", "ps_batch", "ps_n", "ps_steps_per_function",
-                     "ps_eval_every", "n_push_sweep_steps", "fault_steps", "staleness_steps", "staleness_eval_every"):
+                     "ps_eval_every", "n_push_sweep_steps", "fault_steps", "masked_steps", "staleness_steps",
+                     "staleness_eval_every"):
             check_positive_int(name, getattr(self, name))
         check_int_list("worker_counts", self.worker_counts, minimum=1)
         if list(self.n_push_sweep):  # empty: no sweep
@@ -80,6 +84,10 @@ class GradientStudyConfig:
         check_int_list("seeds", self.seeds, minimum=0)
         check_range("ps_learning_rate", self.ps_learning_rate, 0.0, 10.0, low_open=True)
         check_range("staleness_target", self.staleness_target, 0.0, 1.0, low_open=True)
+        check_range("masked_keep", self.masked_keep, 0.0, 1.0, low_open=True)
+        if self.masked_steps % 4:
+            raise ValueError(f"masked_steps: must be a multiple of 4 (steps per scheduled function); "
+                             f"got {self.masked_steps}")
         if self.staleness_steps % self.staleness_eval_every:
             raise ValueError(f"staleness_eval_every: must divide staleness_steps={self.staleness_steps}; "
                              f"got {self.staleness_eval_every}")
@@ -519,6 +527,15 @@ def placement_table(result: Mapping[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def frozen_table(result: Mapping[str, Any]) -> pd.DataFrame:
+    """A masked run's frozen and trainable entries per masked variable: how many, and how many changed (bitwise)."""
+    tasks = {row["variable"]: ", ".join(s["task"] for s in row["shards"]) for row in result["placement"]}
+    return pd.DataFrame([{"variable": path, "shards_on": tasks.get(path, ""), "frozen_entries": r["frozen_entries"],
+                          "frozen_bits_changed": r["frozen_changed"], "trainable_entries": r["trainable_entries"],
+                          "trainable_changed": r["trainable_changed"]}
+                         for path, r in result["frozen"]["per_variable"].items()])
+
+
 def fault_job(config: GradientStudyConfig) -> Any:
     """The fault run: 2 workers, the ps tasks, checkpoints; each fault in ``config.faults`` at a fixed share of it."""
     from study.ps import DownpourConfig
@@ -564,6 +581,13 @@ COLUMNS = {
     "worker_cpu_s_per_step": "CPU seconds of all worker processes per minibatch, timed window, read from /proc (s)",
     "ps_cpu_s_per_step": "CPU seconds of all ps processes per minibatch, timed window, read from /proc (s)",
     "samples_shared_between_workers": "training samples read by more than one worker (count; 0 = disjoint shards)",
+    # ps_frozen
+    "shards_on": "the ps tasks holding the variable's shards, in order",
+    "frozen_entries": "entries its mask freezes (count)",
+    "frozen_bits_changed": "frozen entries whose value differs in any bit between the start and the end of the run "
+                           "(count; 0 = exactly frozen)",
+    "trainable_entries": "entries its mask lets train (count)",
+    "trainable_changed": "trainable entries whose value changed during the run (count)",
     # ps_placement
     "variable": "path of the Keras variable",
     "shard": "which shard of the variable (a variable over 256 KiB is split over the ps tasks)",

@@ -269,20 +269,19 @@ class _Chief:
         assert self.ps is not None
         if not self.ps.masks:
             return None
-        frozen = changed = trainable = moved = 0
         per_variable = {}
         for i, keep in self.ps.masks.items():
             start, end = self.initial[i], final[i]
             keep = np.broadcast_to(keep, start.shape)
             differs = start.view(f"u{start.dtype.itemsize}") != end.view(f"u{end.dtype.itemsize}")  # bit for bit
-            per_variable[self.ps.paths[i]] = {"frozen_entries": int((~keep).sum()),
-                                              "frozen_changed": int((differs & ~keep).sum())}
-            frozen += int((~keep).sum())
-            changed += int((differs & ~keep).sum())
-            trainable += int(keep.sum())
-            moved += int((differs & keep).sum())
-        return {"frozen_entries": frozen, "frozen_changed_bits": changed, "masked_trainable_entries": trainable,
-                "masked_trainable_changed": moved, "per_variable": per_variable,
+            per_variable[self.ps.paths[i]] = {
+                "frozen_entries": int((~keep).sum()), "frozen_changed": int((differs & ~keep).sum()),
+                "trainable_entries": int(keep.sum()), "trainable_changed": int((differs & keep).sum())}
+        rows = per_variable.values()
+        return {"frozen_entries": sum(r["frozen_entries"] for r in rows),
+                "frozen_changed_bits": sum(r["frozen_changed"] for r in rows),
+                "masked_trainable_entries": sum(r["trainable_entries"] for r in rows),
+                "masked_trainable_changed": sum(r["trainable_changed"] for r in rows), "per_variable": per_variable,
                 "mask_placement": self.ps.optimizer.mask_placement, "policy": self.config.mask_policy}
 
     def _result(self, elapsed: float, steady_from: tuple | None, final: tuple) -> dict[str, Any]:

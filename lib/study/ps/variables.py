@@ -128,8 +128,10 @@ class PsVariables:
     def optimizer_placement(self) -> dict[str, int]:
         """Bytes of optimizer state (slots, sums, masks) per task: ``{"ps:0": ..., "ps:1": ...}``."""
         out: dict[str, int] = {}
+        import tensorflow as tf
+
         for v in self.optimizer.variables:
-            device = getattr(getattr(v, "value", v), "device", "")
+            device = (v if isinstance(v, tf.Variable) else v.value).device  # a Keras variable wraps a tf.Variable
             task = short_device(device) if device else "chief"  # a wrapper's own counters, unused by pushes
             out[task] = out.get(task, 0) + _bytes(v)
         return out
