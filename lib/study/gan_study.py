@@ -1,15 +1,18 @@
-"""Study 03: alternating GAN training, seven ways to keep the other network fixed, under SGD and Adam.
+"""Study 03: alternating GAN training, five ways to keep the other network fixed, and random gates, under SGD and Adam.
 
-Each iteration is a D step, then a G step. Methods:
+Each iteration is a D step, then a G step. Ways to keep the other network fixed:
 
 1. ``two_optimizers``      one optimizer per network, each with its ``var_list`` selected by scope (TF-GAN's way);
 2. ``shared_optimizer``    one optimizer for both subsets, built for all first (Keras 3's "Unknown variable" fix);
 3. ``zeroed_gradients``    one optimizer over every variable, the other network's gradients zeroed (naive);
 4. ``trainable_flag``      the Keras recipe: ``discriminator.trainable = False`` inside a compiled combined model;
-5. ``stop_gradient``       ``tf.stop_gradient(G(z))`` in front of D for the D step;
+5. ``stop_gradient``       ``tf.stop_gradient(G(z))`` in front of D for the D step.
+
+Random gates, which keep the other network fixed by ``var_list`` and train a random part of their own:
+
 6. ``random_gate``         ``gate(x, do)`` on hidden activations with ``do`` drawn at random each step, so a random
-                           part of the trained network learns; ``random_gate_masked`` adds ``MaskedOptimizer(hold)``,
-                           which keeps the untrained part exactly still.
+                           part of the trained network learns;
+7. ``random_gate_masked``  the same with ``MaskedOptimizer(hold)``, which keeps the untrained part exactly still.
 
 Two diagnostic variants of ``random_gate_masked`` find out why the random gates collapse to one class:
 ``gate_d_only`` draws the gate for D's step only (G trains whole), ``gate_g_only`` for G's step only. They
@@ -90,7 +93,8 @@ COLUMNS = {
     "g_iterations_own": "G's own optimizer's counter after the G step (1 per iteration)",
     "correction_shared": "Adam's bias correction sqrt(1-b2^t)/(1-b1^t) at the G step, shared counter",
     "correction_own": "the same with G's own counter",
-    "ratio": "correction_shared / correction_own: G's step size relative to its own optimizer",
+    "ratio": "correction_shared / correction_own: G's bias-correction factor (step-size multiplier) relative to that "
+             "of its own optimizer; the steps themselves also depend on m and v",
     "one optimizer for D then G": "how the single Keras optimizer was built",
     "outcome": "what applying D's then G's gradients did",
 }
@@ -505,17 +509,47 @@ def gan_study(config: GanStudyConfig, data: MnistSplits, classifier: keras.Model
         if progress:
             done = pd.DataFrame(runs).query("method == @method and optimizer == @optimizer")
             if i == 0:
-                print(f"gan: {len(jobs)} pairings in {min(config.processes, len(jobs))} process(es). Per run, mean "
-                      f"over {len(config.seeds)} seed(s): changed entries of frozen G in D steps / D in G steps / "
-                      f"gated-off part, summed over {config.iterations} iterations; classes the judge sees (of 10); "
-                      "time per iteration", flush=True)
-            print(f"gan: {optimizer:<4} {method:<18} {done['g_changed_entries_in_d_step'].mean():.3g} / "
-                  f"{done['d_changed_entries_in_g_step'].mean():.3g} / {done['gated_changed_entries'].mean():.3g}; "
+                print(f"gan: {len(jobs)} pairings in {_plural(min(config.processes, len(jobs)), 'process', 'es')}. "
+                      f"Per run, mean over {_plural(len(config.seeds), 'seed')}: changed entry-steps of frozen G in "
+                      f"D steps / D in G steps / gated-off part, summed over {config.iterations} iterations; classes "
+                      "the judge sees (of 10); time per iteration", flush=True)
+            print(f"gan: {optimizer:<4} {method:<18} {done['g_changed_entries_in_d_step'].mean():,.0f} / "
+                  f"{done['d_changed_entries_in_g_step'].mean():,.0f} / {done['gated_changed_entries'].mean():,.0f}; "
                   f"{done['classes_seen'].mean():.1f} classes; {done['time_per_iteration_ms'].mean():.1f} ms",
                   flush=True)
 
     map_in_processes(train_pairing, jobs, config.processes, threads=1, on_result=collect)
     return pd.DataFrame(runs), pd.DataFrame(logs), grids
+
+
+def _plural(n: int, word: str, suffix: str = "s") -> str:
+    """``_plural(3, "seed") == "3 seeds"``, ``_plural(1, "seed") == "1 seed"``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}{suffix}"
+
+
+def network_sizes(config: GanStudyConfig | None = None) -> dict[str, int]:
+    """Entries (parameters) of G and D. ``network_sizes() == {"generator": 242832, "discriminator": 233985}``"""
+    config = config or GanStudyConfig()
+    gan = Gan()
+    return {name: int(sum(np.prod(v.shape) for v in select_variables(gan, scope=scope)))
+            for name, scope in (("generator", config.generator_scope), ("discriminator", config.discriminator_scope))}
+
+
+def drift_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """What should stay frozen, per method and optimizer, as the report shows it: counts with thousands separators,
+    max |ΔW| with two significant digits, 0 where not one bit changed. ``drift_table(gan_summary(runs))``"""
+    from study.prose import num
+
+    columns = {"g_changed_entries_in_d_step": "G in D steps: changed entry-steps",
+               "d_changed_entries_in_g_step": "D in G steps: changed entry-steps",
+               "gated_changed_entries": "gated-off part: changed entry-steps",
+               "g_max_abs_dW_in_d_step": "G in D steps: max |ΔW| (W units)",
+               "d_max_abs_dW_in_g_step": "D in G steps: max |ΔW| (W units)",
+               "gated_max_abs_dW": "gated-off part: max |ΔW| (W units)"}
+    out = summary[["method", "optimizer"]].copy()
+    for column, heading in columns.items():
+        out[heading] = [f"{v:,.0f}" if "changed" in column else num(float(v), 2) for v in summary[column]]
+    return out.set_index(["method", "optimizer"])
 
 
 def gan_summary(runs: pd.DataFrame) -> pd.DataFrame:
@@ -553,14 +587,14 @@ def bias_correction_effect(logs: pd.DataFrame, beta_1: float = 0.5, beta_2: floa
 
 def headline(summary: pd.DataFrame, classifier_accuracy: float, source: str, iterations: int) -> dict[str, str]:
     """Every method x optimizer row, as text for ``results/SUMMARY.md``. ``headline(s, 0.97, data.source, 600)``"""
-    seeds = int(summary["seeds"].max())
+    seeds = _plural(int(summary["seeds"].max()), "seed")
     out = {"data": source, "judge: the Deep MNIST CNN's test accuracy (fraction)": f"{classifier_accuracy:.3f}",
-           "how the rows below are summarised": f"changed entries: per-run sums over {iterations} iterations, mean "
-                                                f"over {seeds} seed(s); the others: mean ± std over {seeds} seed(s)"}
+           "how the rows below are summarised": f"changed entry-steps: per-run sums over {iterations} iterations, "
+                                                f"mean over {seeds}; the others: mean ± std over {seeds}"}
     for r in summary.itertuples():
-        out[f"{r.method}, {r.optimizer}: changed entries of frozen G / D / gated part (count); classes seen (of 10); "
-            f"coverage entropy (0–1); judge confidence (0–1)"] = (
-            f"{r.g_changed_entries_in_d_step:.3g} / {r.d_changed_entries_in_g_step:.3g} / {r.gated_changed_entries:.3g}; "
+        out[f"{r.method}, {r.optimizer}: changed entries of frozen G / D / gated part (count of entry-steps); classes "
+            f"seen (of 10); coverage entropy (0–1); judge confidence (0–1)"] = (
+            f"{r.g_changed_entries_in_d_step:,.0f} / {r.d_changed_entries_in_g_step:,.0f} / {r.gated_changed_entries:,.0f}; "
             f"{format_mean_std(r.classes_seen_mean, r.classes_seen_std, 2)}; "
             f"{format_mean_std(r.coverage_entropy_mean, r.coverage_entropy_std, 2)}; "
             f"{format_mean_std(r.confidence_mean, r.confidence_std, 2)}")

@@ -174,7 +174,8 @@ def gan_losses(logs: pd.DataFrame) -> plt.Figure:
             if j == 0:
                 ax.set_ylabel("BCE (nats)")
                 ax.legend(fontsize=7, loc="upper right", ncol=2 if len(drawn) > 3 else 1, framealpha=0.8)
-    fig.suptitle(f"Losses, mean over {logs['seed'].nunique()} seed(s), each point the mean of {SMOOTH} logged values "
+    n = logs["seed"].nunique()
+    fig.suptitle(f"Losses, mean over {n} seed{'s' if n > 1 else ''}, each point the mean of {SMOOTH} logged values "
                  "around it; methods with identical curves share one line (a = b).\nDotted: the losses of a D that "
                  "cannot tell real from fake", fontsize=9)
     return fig
@@ -249,10 +250,11 @@ def gan_coverage(runs: pd.DataFrame) -> plt.Figure:
                                                                 "(0 = one class, 1 = all ten equally)", 1.05)):
         for j, name in enumerate(optimizers):
             rows = runs[runs["optimizer"] == name]
-            stats = rows.groupby("method", sort=False)[value].agg(["mean", "std"]).reindex(methods)
+            stats = rows.groupby("method", sort=False)[value].agg(["mean", "min", "max"]).reindex(methods)
             xs = np.arange(len(methods)) + (j - (len(optimizers) - 1) / 2) * width
-            ax.bar(xs, stats["mean"], width, yerr=stats["std"].fillna(0), capsize=2, color=f"C{j}", alpha=0.6,
-                   label=f"{name}: mean ± std")
+            span = np.vstack([(stats["mean"] - stats["min"]).fillna(0), (stats["max"] - stats["mean"]).fillna(0)])
+            ax.bar(xs, stats["mean"], width, yerr=span, capsize=2, color=f"C{j}", alpha=0.6,
+                   label=name)
             for x, method in zip(xs, methods):
                 seeds = rows.loc[rows["method"] == method, value].to_numpy()
                 ax.scatter(np.full(len(seeds), x), seeds, s=12, color="k", zorder=3,
@@ -263,13 +265,18 @@ def gan_coverage(runs: pd.DataFrame) -> plt.Figure:
     axes[0].axhline(1, color="tab:red", lw=0.8, ls="--")
     axes[0].set_yticks(range(0, 11))
     axes[0].legend(fontsize=8, loc="upper center", ncol=3)  # above the bars, which end at 10
-    fig.suptitle(f"Mode collapse: what the judge sees in {int(runs['seed'].nunique())} seed(s) of samples "
-                 "(red dashed: a single class)", fontsize=10)
+    n = int(runs["seed"].nunique())
+    fig.suptitle(f"Mode collapse: what the judge sees in the samples of {n} seed{'s' if n > 1 else ''}. Bars: the "
+                 "mean; whiskers: lowest to highest seed; dots: single seeds; red dashed: a single class", fontsize=10)
     return fig
 
 
 def bias_correction_ratio(effect: pd.DataFrame, beta_1: float = 0.5, beta_2: float = 0.999) -> plt.Figure:
-    """G's Adam bias correction with one optimizer for D and G over that with its own, against iteration. ``bias_correction_ratio(e)``"""
+    """G's Adam bias-correction factor with one optimizer for D and G over that with its own, against iteration.
+
+    The factor c(t) = sqrt(1 - beta_2^t) / (1 - beta_1^t) multiplies the step size; the steps also depend on m and v.
+    ``bias_correction_ratio(e)``
+    """
     fig, ax = plt.subplots(figsize=(7, 3.6), layout="constrained")
     t = np.arange(1, int(effect["iteration"].max()) + 1, dtype=np.float64)
     c = lambda n: np.sqrt(1 - beta_2 ** n) / (1 - beta_1 ** n)  # noqa: E731
@@ -279,7 +286,8 @@ def bias_correction_ratio(effect: pd.DataFrame, beta_1: float = 0.5, beta_2: flo
     ax.axhline(1.0, color="k", lw=0.8)
     ticks = [x for x in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000) if x <= t[-1]]
     ax.set(xscale="log", xlabel="iteration t (log scale)", ylabel="c(t_shared) / c(t_own)",
-           title=f"One Adam for D and G (β₁ = {beta_1}): G's step size relative to G's own optimizer")
+           title=f"One Adam for D and G (β₁ = {beta_1}): G's bias-correction factor\nrelative to that of G's own "
+                 "optimizer")
     ax.set_xticks(ticks, [str(x) for x in ticks])
     ax.legend(fontsize=8)
     return fig
