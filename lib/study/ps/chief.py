@@ -14,7 +14,6 @@ import sys
 import time
 import traceback
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -110,9 +109,11 @@ class _Chief:
         self.born = time.perf_counter()
 
     def log(self, what: str) -> None:
+        """One progress line on stdout, with the seconds since the chief started."""
         print(f"chief: {what} ({time.perf_counter() - self.born:.1f} s)", flush=True)
 
     def write_progress(self, **extra: Any) -> None:
+        """The progress file the launcher polls (atomically): counter, functions done, last checkpoint, ``extra``."""
         if self.progress_path:
             write_json_atomic(self.progress_path, {
                 "version": self.last_version, "functions_done": self.state["functions_done"],
