@@ -144,7 +144,11 @@ def test_naive_vs_exact_and_headline_cover_every_row():
     blocks = cnn_study.masked_summary(_steps_table(False))
     trade = cnn_study.naive_vs_exact(masks)
     assert list(trade.columns) == list(cnn_study.NAIVE_VS_EXACT_COLUMNS)
-    assert trade.loc[0, "frozen entries the naive mask moved"] == pytest.approx(10 / 30)
+    assert trade.loc[0, "share of frozen entry-steps the naive mask moved"] == pytest.approx(10 / 30)
+    assert trade.loc[0, "naive accuracy mean"] == pytest.approx(0.55)  # numbers in the CSV, text only for display
+    shown = cnn_study.naive_vs_exact_display(trade)
+    assert shown.iloc[0]["naive accuracy (mean ± std)"] == "0.55 ± 0.071"
+    assert shown.iloc[0]["share of frozen entry-steps the naive mask moved"] == "33%"
     finetune = pd.DataFrame([{"optimizer": o, "method": m, "seed": s, "acc_new": 0.9, "acc_old": 0.0,
                               "conv_max_abs_delta": 0.0, "conv_changed_entries": 0, "step_time_ms": 1.0}
                              for o in ("sgd", "adam") for m in ("var_list", "gate") for s in (0, 1)])
@@ -190,3 +194,38 @@ def test_save_table_records_every_column_and_the_pipeline_writes_columns_md(tmp_
     assert "| `b\\|c` | ratio (fraction) |" in text  # a pipe in a name does not split the Markdown table
     assert "### [legacy.csv](02_x/legacy.csv)" in text and "| `q` | (not described) |" in text
     assert "## 03_missing" in text and "No tables." in text
+
+
+def test_report_tables_show_no_raw_none_false_or_scientific_counts():
+    import pandas as pd
+
+    config = cnn_study.CnnStudyConfig(seeds=[0, 1])
+    values = cnn_study.config_table(config)["value"]
+    assert values["data_path"] == "—" and values["train_limit"] == "—" and values["allow_download"] == "no"
+    work = cnn_study.workload(cnn_study.CnnStudyConfig())
+    assert work.loc["total", "steps per run"] == "—" and "," in work.loc["total", "steps"]
+    summary = pd.DataFrame({"method": ["naive"], "changed_mean": [7326424.5], "changed_std": [79581.0],
+                            "delta_mean": [3.2e-5], "delta_std": [1.5e-5]})
+    shown = cnn_study.display_table(summary, {"changed": "changed", "delta": "max |ΔW|"}, ["method"],
+                                    counts=["changed"])
+    assert shown.loc["naive", "changed"] == "7,326,424 ± 79,581"
+    assert shown.loc["naive", "max |ΔW|"] == "3.2e-5 ± 1.5e-5"  # no e-05
+    steps = _steps_table(True).replace({"method": {"naive": "reset"}})
+    contrast = cnn_study.hold_vs_reset(cnn_study.masked_summary(steps))
+    assert list(contrast.columns) == list(cnn_study.HOLD_VS_RESET_COLUMNS)
+    shown = cnn_study.hold_vs_reset_display(contrast).iloc[0]
+    assert shown["differs (|difference| > 2 × larger std)"] == "no" and shown["difference"] == "+0.000"
+
+
+def test_one_step_audit_counts_what_could_and_did_move():
+    before = [np.zeros(6, np.float32)]
+    after = [np.array([0, 1, 0, 0, 0, 2], np.float32)]
+    keeps = [np.array([True, False, False, False, True, True])]  # entries 1-3 frozen in this step
+    previous = [np.array([False, True, True, False, False, False])]  # 1 and 2 trained in the step before
+    moment = [np.array([False, True, False, False, False, True])]  # only 1 had a non-zero gradient then
+    row = cnn_study.one_step_audit(before, after, keeps, previous, moment)
+    assert row == {"frozen entries": 3, "of them trainable in the step before": 2,
+                   "of them with m ≠ 0 before the step": 1, "frozen entries changed in the step": 1,
+                   "max |ΔW| of a frozen entry": 1.0}
+    assert cnn_study.one_step_audit(before, before, keeps, None, [np.zeros(6, bool)])[
+        "of them trainable in the step before"] == 0

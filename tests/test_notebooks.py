@@ -91,6 +91,8 @@ def test_01_adam_drift_metrics(smoke_results):
     assert s2["m1_step3_stash_restore"] == pytest.approx(-0.68, abs=1e-6)
     assert s2["m1_step3_reset_slots"] == pytest.approx(-0.32, abs=1e-6)
     assert set(m["naive_moved"]) == {"momentum", "adam", "adamw"} and m["naive_kept"] == ["sgd"]
+    assert m["optimizer_classes"] == ["Adam", "AdamW", "SGD"]  # 4 configurations of 3 Keras classes
+    assert m["max_entry_steps_per_run"] == m["frozen_entries_per_run"] * m["steps_after_freezing"]
     headline = " ".join(m["headline"])  # every optimizer row and every section is in SUMMARY.md
     assert all(f"{name}: frozen entries changed" in headline for name in m["config"]["optimizers"])
     assert "predicted" in headline and "seed example" in headline
@@ -144,6 +146,10 @@ def test_02_mnist_cnn_freezing_metrics(smoke_results):
     # the numbers the prose quotes (study.prose fills the markdown from these keys)
     assert m["parameters"] == 3_274_634 and m["conv_entries"] == 52_096 and m["fc1_entries"] == 3_212_288
     assert m["one_step_gate"]["changed"] == steps["gate + Adam"] and 0.2 < m["one_step_gate"]["share"] < 0.8
+    gate = m["one_step_gate"]  # only entries with a non-zero first moment can move; m is non-zero only where it trained
+    assert 0 < gate["changed"] <= gate["moment_nonzero"] <= gate["trained_before"] < gate["frozen"]
+    assert m["one_step_masked_moment_nonzero"] > 0 and m["cpu_count"] >= 1
+    assert set(m["blocks_late_loss"]) == set(m["config"]["mask_methods"]) and m["blocks_late_steps"][1] == 8
     assert 0.9 * m["conv_entries"] < m["finetune_gate_changed_min"] <= m["finetune_gate_changed_max"] <= m["conv_entries"]
     assert set(m["finetune_gate_time_ratio"]) == set(m["config"]["finetune_optimizers"])
     assert "mask_tradeoff" not in m  # written only by a full-size run, whose finding quotes it
@@ -205,6 +211,9 @@ def test_03_gan_alternating_metrics(smoke_results):
     assert 0.0 < m["classifier_test_accuracy"] <= 1.0
     assert m["unknown_variable_trap"][0]["outcome"].startswith("Unknown variable: generator/")
     assert m["trained"] is False  # smoke: the sample-quality findings are not asserted, and the prose says so
+    assert m["network_sizes"] == {"generator": 242_832, "discriminator": 233_985}
+    share = m["zeroed_share"]  # zeroed_gradients under Adam: changed entry-steps / (entries x iterations)
+    assert 0 < share["g_in_d_steps"] <= 1 and 0 < share["d_in_g_steps"] <= 1
     bias = m["bias_correction"]  # G's step size with one Adam for both networks, over that with its own
     assert bias["first"] == pytest.approx(0.943, abs=1e-3) and 1.2 < bias["last"] <= bias["peak"] < 2 ** 0.5
     headline = " ".join(m["headline"])  # every method x optimizer row, with classes seen, is in SUMMARY.md

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 
@@ -164,7 +165,7 @@ TRAP_COLUMNS = {
     "layer 'a' should": "what a user means by it: stay (frozen) or train",
     "layer 'a' moved by": "max |ΔW| of layer a's kernel over one fit epoch (weight units; empty if fit raised)",
     "trained": "whether layer a's kernel changed (empty if fit raised)",
-    "error": "the first sentence of the error fit raised, if any",
+    "error": "the first two sentences of the error fit raised, if any (a variable's repr shortened to its path)",
 }
 
 
@@ -187,8 +188,9 @@ def keras_trainable_traps(seed: int = 0) -> pd.DataFrame:
     def observe(scenario: str, intent: str, run: Callable[[], float]) -> None:
         try:
             drift, error = run(), ""
-        except ValueError as e:
-            drift, error = float("nan"), str(e).split(".")[0]
+        except ValueError as e:  # the message's variable repr (values and all) shortened to its path
+            text = re.sub(r"<Variable path=([^,>]+)[^>]*>", r"\1", str(e), flags=re.S)
+            drift, error = float("nan"), ". ".join(text.split(". ")[:2]).rstrip(".") + "."
         trained = bool(drift > 0) if drift == drift else None
         rows.append({"scenario": scenario, "layer 'a' should": intent, "layer 'a' moved by": drift,
                      "trained": trained, "error": error})

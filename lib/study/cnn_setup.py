@@ -131,7 +131,33 @@ ONE_STEP_COLUMNS = {
               "MaskedOptimizer(Adam): the same mask given to MaskedOptimizer.apply_gradients(masks=...)",
     "step": "training step, counted from 1; each step draws a fresh mask",
     "frozen entries": "entries of the CNN frozen in this step (count)",
+    "of them trainable in the step before": "entries frozen in this step that were trainable in the step before "
+                                            "(count; 0 in step 1)",
+    "of them with m ≠ 0 before the step": "entries frozen in this step whose Adam first moment m was non-zero "
+                                          "before it, i.e. that had a non-zero gradient in an earlier step (count)",
     "frozen entries changed in the step": "entries frozen in this step whose bits changed during it (count)",
     "max |ΔW| of a frozen entry": "max |ΔW| over the entries frozen in this step, during it (weight units)",
 }
 """Columns of the notebook's one-masked-step demonstration table."""
+
+
+def one_step_audit(before: Sequence[np.ndarray], after: Sequence[np.ndarray], keeps: Sequence[np.ndarray],
+                   previous: Sequence[np.ndarray] | None, moment_nonzero: Sequence[np.ndarray]) -> dict[str, Any]:
+    """One masked step's counts for ``ONE_STEP_COLUMNS``, from the weights before and after it, its masks (True =
+    trains), the previous step's masks (None in step 1) and where Adam's ``m`` was non-zero before it.
+
+    ``one_step_audit([w0], [w1], [keep], None, [m != 0])``
+    """
+    from freezing.audit import changed_bits
+
+    frozen = [~np.asarray(k, bool) for k in keeps]
+    trained_before = [np.zeros_like(f) for f in frozen] if previous is None else [np.asarray(p, bool) for p in previous]
+    return {
+        "frozen entries": sum(int(f.sum()) for f in frozen),
+        "of them trainable in the step before": sum(int((f & t).sum()) for f, t in zip(frozen, trained_before)),
+        "of them with m ≠ 0 before the step": sum(int((f & m).sum()) for f, m in zip(frozen, moment_nonzero)),
+        "frozen entries changed in the step": sum(int((changed_bits(b, a) & f).sum())
+                                                  for b, a, f in zip(before, after, frozen)),
+        "max |ΔW| of a frozen entry": max(float(np.abs(a - b)[f].max(initial=0.0))
+                                          for b, a, f in zip(before, after, frozen)),
+    }

@@ -30,7 +30,7 @@ from study.cnn_masks import (  # noqa: F401
 )
 from study.cnn_tables import (  # noqa: F401
     FINETUNE_SUMMARY_COLUMNS, finetune_summary, MASKED_SUMMARY_COLUMNS, masked_runs, masked_summary, formatted,
-    config_table, workload, HOLD_VS_RESET_COLUMNS, hold_vs_reset, NAIVE_VS_EXACT_COLUMNS, naive_vs_exact,
-    headline,
+    config_table, workload, HOLD_VS_RESET_COLUMNS, hold_vs_reset, hold_vs_reset_display, NAIVE_VS_EXACT_COLUMNS,
+    naive_vs_exact, naive_vs_exact_display, display_table, one_step_audit, headline,
 )
-from study.reporting import display_table, format_count  # noqa: F401
+from study.reporting import format_count  # noqa: F401

@@ -8,10 +8,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from study.prose import pm
 from study.reporting import format_count, format_mean_std
 from study.cnn_finetune import FINETUNE_RUN_COLUMNS
 from study.cnn_masks import STEP_COLUMNS, run_keys
-from study.cnn_setup import CnnStudyConfig
+from study.cnn_setup import CnnStudyConfig, one_step_audit  # noqa: F401
 
 
 # -- summaries ----------------------------------------------------------------------------------------
@@ -97,11 +98,15 @@ def config_table(config: CnnStudyConfig) -> pd.DataFrame:
     values["learning_rates"] = {k: v for k, v in config.learning_rates.items() if k in used}
 
     def text(v: Any) -> str:
+        if v is None:
+            return "—"  # not used: the default (bundled digits, all of them, no download)
+        if isinstance(v, bool):
+            return "yes" if v else "no"
         if isinstance(v, dict):
             return ", ".join(f"{k} {x:g}" for k, x in v.items())
         if isinstance(v, (list, tuple)):
             return ", ".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v)
-        return str(v)
+        return f"{v:,}" if isinstance(v, int) else str(v)
 
     return pd.DataFrame({"value": [text(v) for v in values.values()]}, index=pd.Index(list(values), name="parameter"))
 
@@ -116,9 +121,10 @@ def workload(config: CnnStudyConfig) -> pd.DataFrame:
             ("3. blocks", len(config.block_optimizers) * len(config.mask_methods) * n, config.block_steps)]
     table = pd.DataFrame(rows, columns=["experiment", "runs", "steps per run"])
     table["steps"] = table["runs"] * table["steps per run"]
-    total = pd.DataFrame([{"experiment": "total", "runs": table["runs"].sum(), "steps per run": "",
+    total = pd.DataFrame([{"experiment": "total", "runs": table["runs"].sum(), "steps per run": "—",
                            "steps": table["steps"].sum()}])
-    return pd.concat([table, total], ignore_index=True).set_index("experiment")
+    out = pd.concat([table, total], ignore_index=True).set_index("experiment")
+    return out.map(lambda v: f"{v:,}" if isinstance(v, (int, np.integer)) else v)
 
 
 HOLD_VS_RESET_COLUMNS = {
@@ -127,8 +133,8 @@ HOLD_VS_RESET_COLUMNS = {
     "hold": "final test accuracy with policy hold, mean over seeds (fraction, 0-1)",
     "reset": "final test accuracy with policy reset, mean over seeds (fraction, 0-1)",
     "difference": "hold minus reset (fraction, -1 to 1)",
-    "spread": "the larger of the two standard deviations over seeds (fraction)",
-    "differs": "whether |difference| > 2 x spread (empty with fewer than 2 seeds)",
+    "larger std over seeds": "the larger of the two standard deviations over seeds (fraction)",
+    "differs": "whether |difference| > 2 x larger std over seeds (empty with fewer than 2 seeds)",
 }
 
 
@@ -142,23 +148,37 @@ def hold_vs_reset(summary: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({
         "hold": pivot["accuracy_mean"]["hold"], "reset": pivot["accuracy_mean"]["reset"],
         "difference": pivot["accuracy_mean"]["hold"] - pivot["accuracy_mean"]["reset"],
-        "spread": np.maximum(pivot["accuracy_std"]["hold"], pivot["accuracy_std"]["reset"]),
+        "larger std over seeds": np.maximum(pivot["accuracy_std"]["hold"], pivot["accuracy_std"]["reset"]),
     })
     enough = pivot["seeds"][["hold", "reset"]].min(axis=1) >= 2  # a spread needs two seeds at least
-    out["differs"] = (out["difference"].abs() > 2 * out["spread"]).where(enough)
+    out["differs"] = (out["difference"].abs() > 2 * out["larger std over seeds"]).where(enough)
     return out.reset_index()
+
+
+def hold_vs_reset_display(contrast: pd.DataFrame) -> pd.DataFrame:
+    """``hold_vs_reset``'s table as the report shows it: three decimals, ``differs`` as yes / no (— with one seed)."""
+    out = contrast.copy()
+    out["p"] = [f"{p:g}" for p in out["p"]] if "p" in out.columns else None
+    for column, spec in (("hold", "{:.3f}"), ("reset", "{:.3f}"), ("difference", "{:+.3f}"),
+                         ("larger std over seeds", "{:.3f}")):
+        out[column] = [spec.format(v) for v in out[column]]
+    out["differs"] = ["—" if d != d or d is None else ("yes" if d else "no") for d in out["differs"]]
+    out = out.rename(columns={"differs": "differs (|difference| > 2 × larger std)"})
+    return out.set_index([k for k in ("optimizer", "p") if k in contrast.columns])
 
 
 NAIVE_VS_EXACT_COLUMNS = {
     "optimizer": STEP_COLUMNS["optimizer"],
     "p": STEP_COLUMNS["p"],
-    "naive accuracy": "final test accuracy of the naive mask, mean ± std over seeds (fraction, 0-1)",
-    "hold accuracy": "final test accuracy with MaskedOptimizer(hold), mean ± std over seeds (fraction, 0-1)",
+    "naive accuracy mean": "final test accuracy of the naive mask, mean over seeds (fraction, 0-1)",
+    "naive accuracy std": "final test accuracy of the naive mask, standard deviation over seeds (fraction)",
+    "hold accuracy mean": "final test accuracy with MaskedOptimizer(hold), mean over seeds (fraction, 0-1)",
+    "hold accuracy std": "final test accuracy with MaskedOptimizer(hold), standard deviation over seeds (fraction)",
     "naive minus hold": "difference of the means (fraction, -1 to 1); positive: the drifting mask scored higher",
-    "frozen entries the naive mask moved": "frozen entries changed / entries frozen, summed over all steps "
-                                           "(fraction, 0-1; mean over seeds)",
-    "naive step time (ms)": "median wall time of one naive step, mean over seeds (ms)",
-    "hold step time (ms)": "median wall time of one hold step, mean over seeds (ms)",
+    "share of frozen entry-steps the naive mask moved": "frozen entries changed / entries frozen, each summed over "
+                                                        "all steps (fraction of entry-steps, 0-1; mean over seeds)",
+    "naive median step time (ms)": "median wall time of one naive step, mean over seeds (ms)",
+    "hold median step time (ms)": "median wall time of one hold step, mean over seeds (ms)",
 }
 
 
@@ -176,16 +196,45 @@ def naive_vs_exact(summary: pd.DataFrame) -> pd.DataFrame:
         naive, hold = by.loc["naive"], by.loc["hold"]
         row = dict(zip(index, key if isinstance(key, tuple) else (key,)))
         row.update({
-            "naive accuracy": format_mean_std(naive["accuracy_mean"], naive["accuracy_std"]),
-            "hold accuracy": format_mean_std(hold["accuracy_mean"], hold["accuracy_std"]),
+            "naive accuracy mean": naive["accuracy_mean"], "naive accuracy std": naive["accuracy_std"],
+            "hold accuracy mean": hold["accuracy_mean"], "hold accuracy std": hold["accuracy_std"],
             "naive minus hold": naive["accuracy_mean"] - hold["accuracy_mean"],
-            "frozen entries the naive mask moved": naive["frozen_changed_total_mean"]
+            "share of frozen entry-steps the naive mask moved": naive["frozen_changed_total_mean"]
             / max(naive["frozen_entries_total_mean"], 1.0),
-            "naive step time (ms)": naive["step_time_ms_mean"],
-            "hold step time (ms)": hold["step_time_ms_mean"],
+            "naive median step time (ms)": naive["step_time_ms_mean"],
+            "hold median step time (ms)": hold["step_time_ms_mean"],
         })
         rows.append(row)
     return pd.DataFrame(rows, columns=[*index, *list(NAIVE_VS_EXACT_COLUMNS)[2:]])
+
+
+def naive_vs_exact_display(trade: pd.DataFrame) -> pd.DataFrame:
+    """``naive_vs_exact``'s table as the report shows it: accuracies as mean ± std, the share as a percentage."""
+    out = trade[[k for k in ("optimizer", "p") if k in trade.columns]].copy()
+    if "p" in out.columns:
+        out["p"] = [f"{p:g}" for p in out["p"]]
+    for method in ("naive", "hold"):
+        out[f"{method} accuracy (mean ± std)"] = [pm(m, s) for m, s in zip(trade[f"{method} accuracy mean"],
+                                                                          trade[f"{method} accuracy std"])]
+    out["naive minus hold"] = [f"{v:+.3f}" for v in trade["naive minus hold"]]
+    out["share of frozen entry-steps the naive mask moved"] = [
+        f"{v:.0%}" for v in trade["share of frozen entry-steps the naive mask moved"]]
+    for method in ("naive", "hold"):
+        out[f"{method} median step time (ms)"] = [f"{v:.1f}" for v in trade[f"{method} median step time (ms)"]]
+    return out.set_index([k for k in ("optimizer", "p") if k in trade.columns])
+
+
+def display_table(summary: pd.DataFrame, values: Mapping[str, str], index: Sequence[str],
+                  counts: Sequence[str] = ()) -> pd.DataFrame:
+    """A per-group summary with ``<value>_mean``/``_std`` columns as the report shows it. ``values`` maps a value to
+    its heading; those in ``counts`` are whole numbers, shown with thousands separators, the rest in plain notation
+    (``prose.pm``: ``0.91 ± 0.012``, ``3.2e-5 ± 1.5e-5``). ``display_table(s, {"acc_new": "accuracy"}, ["method"])``
+    """
+    out = summary[list(index)].copy()
+    for value, heading in values.items():
+        pairs = zip(summary[f"{value}_mean"], summary[f"{value}_std"])
+        out[heading] = [format_count(m, s) if value in counts else pm(m, s) for m, s in pairs]
+    return out.set_index(list(index))
 
 
 def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame, masks: pd.DataFrame,
@@ -211,7 +260,7 @@ def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame
         out[f"Keras trainable traps: scenarios that did not do what the flag says (of {len(traps)})"] = str(wrong)
     for r in masks.itertuples():
         out[f"masks p={r.p:g} {r.optimizer}/{r.method}: final test accuracy (fraction) / frozen entries "
-            f"changed, summed over {config.mask_steps} steps (count)"] = \
+            f"changed, summed over {config.mask_steps} steps (count of entry-steps)"] = \
             f"{format_mean_std(r.accuracy_mean, r.accuracy_std)} / {format_count(r.frozen_changed_total_mean, r.frozen_changed_total_std)}"
     for name, group in masks.groupby("optimizer", sort=False):
         methods = list(dict.fromkeys(group["method"]))
@@ -219,6 +268,6 @@ def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame
         out[f"masks {name}: step time (ms), " + " / ".join(methods)] = " / ".join(f"{times[m]:.1f}" for m in methods)
     for r in blocks.itertuples():
         out[f"blocks {r.optimizer}/{r.method}: final test accuracy (fraction) / resting entries changed, "
-            f"summed over {config.block_steps} steps (count)"] = \
+            f"summed over {config.block_steps} steps (count of entry-steps)"] = \
             f"{format_mean_std(r.accuracy_mean, r.accuracy_std)} / {format_count(r.frozen_changed_total_mean, r.frozen_changed_total_std)}"
     return out
