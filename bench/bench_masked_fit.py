@@ -3,24 +3,35 @@
 Variants, each its own compiled model (same initial weights, same data), timed side by side in one
 run in interleaved rounds (the order rotates every round; one round = one ``fit`` call):
 
-* ``plain``    -- ``keras.optimizers.Adam``.
-* ``hold``     -- ``MaskedOptimizer(Adam, policy="hold")`` with a stored per-element mask on EVERY
-  trainable variable, a fresh random one set by a callback at every ``on_epoch_begin``.
-* ``mask_fn``  -- ``MaskedOptimizer(Adam, policy="hold", mask_fn=random_keep)``: a fresh random mask
-  every step, computed in the graph with ``tf.random.stateless_uniform`` from the step; nothing stored.
+* ``plain``      -- ``keras.optimizers.Adam``.
+* ``hold``       -- ``MaskedOptimizer(Adam)`` with a stored per-element mask on EVERY trainable
+  variable, a fresh random half frozen, set by a callback at every ``on_epoch_begin``.
+* ``hold_one``   -- the same on one variable of the eight (``conv2`` kernel, 51,200 entries).
+* ``frozen_half``-- ``conv1`` and ``conv2`` wholly frozen by ``set_mask(v, False)``; compared with
+  ``untrainable``, plain Adam with those layers ``trainable=False`` (Keras' own way, which also
+  stops computing their gradients), and with ``recompiled_half``: the MaskedOptimizer built on
+  every variable, then those layers ``trainable=False`` and ``compile`` again with it (what to do
+  when a freeze lasts: Keras skips their gradients, the optimizer keeps every slot).
+* ``mask_fn``    -- ``mask_fn=random_keep``: a fresh random mask every step, computed in the graph
+  from random bits seeded by the step; nothing stored (``mask_fn_uniform``, by name only: the
+  same with ``stateless_uniform(shape) < 0.5``, three times the random-number cost).
+* ``hold_jit`` -- as ``hold`` with ``jit_update=True`` (only the optimizer's update compiled by
+  XLA); ``plain_jit`` -- plain Adam with its update compiled the same way (``fuse_update``), the
+  like-for-like reference (``mask_fn_jit``, by name only: ``mask_fn`` with ``jit_update``).
+* ``dense_fc1``, ``sparse_fc1`` -- FISH-style sparse fine-tuning: a fixed 1% of ``fc1``'s kernel
+  trains, every other variable is frozen; dense ``hold`` state vs ``state="sparse"``.
 
-Profiling, not part of ``make bench``: ``--profile`` adds ``hold_nomask`` (the wrapper with no
-stored mask) and ``none`` (policy="none", the same per-epoch masks); ``--jit`` compiles every variant
-with XLA; ``--variants`` picks variants, among them ``hold_fused``/``plain_fused``, a prototype of a
-suggested change (only the optimizer update under XLA; see ``fuse_update``).
+``--jit`` compiles every variant's whole step with XLA (``jit_compile=True``, Keras' default on a
+GPU machine). ``--variants`` picks variants (plain is always timed).
 
 Per-step time is measured by a callback (``on_train_batch_begin`` -> ``on_train_batch_end``; the
 step function is synchronous on CPU); a round's time is the median of its steps; the tracing epoch
-is a warm-up outside the rounds. Reported: the median over rounds of (variant / plain) with min and
-max, from wall time and from process CPU time (all threads of this process; on a machine shared with
-other jobs it moves far less than wall time, which counts the time this process waited for a core),
-and, as further cross-checks, from whole-epoch wall times and from each round's fastest step. Also
-measured: the persistent memory the wrapper adds. Prints ratios; asserts nothing about time.
+is a warm-up outside the rounds. Reported: the median over rounds of (variant / reference) with min
+and max, from wall time and from process CPU time (all threads of this process; on a machine shared
+with other jobs it moves far less than wall time, which counts the time this process waited for a
+core), and, as further cross-checks, from whole-epoch wall times and from each round's fastest step.
+Also measured: the persistent memory the wrapper adds, and the optimizer bytes for ``fc1``. Prints
+ratios; asserts nothing about time.
 """
 
 from __future__ import annotations
@@ -37,14 +48,36 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from freezing import MaskedOptimizer  # noqa: E402
+from freezing import MaskedOptimizer, slots  # noqa: E402
 from study.models import deep_mnist_cnn  # noqa: E402
 
 TARGET = 1.05
+TARGETS = {  # (variant, reference): target for variant / reference (issue 15's table)
+    ("hold", "plain"): 1.05, ("hold_one", "plain"): 1.02, ("hold_jit", "plain_jit"): 1.05, ("frozen_half", "untrainable"): 1.02,
+    ("mask_fn", "plain"): 1.10, ("sparse_fc1", "dense_fc1"): 1.0, ("recompiled_half", "untrainable"): 1.02,
+}
+XLA_TARGET = 1.03  # every masked variant / plain under jit_compile=True
+ONE = "conv2/kernel"  # the one masked variable of hold_one
+HALF = ("conv1", "conv2")  # the layers frozen_half freezes
 
 
 def random_keep(step, variable):
-    """``mask_fn``: a fresh random half of each variable trains at every step (stateless, from the step)."""
+    """``mask_fn``: a fresh random half of each variable trains at every step (stateless, from the step).
+
+    One random 32-bit word per 32 entries, unpacked bit by bit: about a third of the CPU time of
+    ``tf.random.stateless_uniform(shape) < 0.5`` (measured here: 5.3 vs 16 ms for the CNN's 3.3 M entries),
+    which is most of what a random mask costs per step.
+    """
+    tag = zlib.crc32(variable.path.encode()) & 0x7FFFFFFF
+    seed = tf.stack([tf.cast(step, tf.int64), tf.constant(tag, tf.int64)])
+    size = int(np.prod(variable.shape))
+    words = tf.random.stateless_uniform(((size + 31) // 32, 1), seed=seed, minval=None, maxval=None, dtype=tf.int32)
+    bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(words, tf.range(32)), 1) > 0
+    return tf.reshape(tf.reshape(bits, [-1])[:size], tuple(variable.shape))
+
+
+def random_keep_uniform(step, variable):
+    """``mask_fn`` as the previous benchmark wrote it: ``stateless_uniform(shape) < 0.5`` (profile only)."""
     tag = zlib.crc32(variable.path.encode()) & 0x7FFFFFFF
     seed = tf.stack([tf.cast(step, tf.int64), tf.constant(tag, tf.int64)])
     return tf.random.stateless_uniform(tuple(variable.shape), seed=seed) < 0.5
@@ -79,17 +112,20 @@ class StepTimer(keras.callbacks.Callback):
 
 
 class RandomMasks(keras.callbacks.Callback):
-    """At every epoch's start: a fresh random per-element mask on every trainable variable."""
+    """At every epoch's start: a fresh random per-element mask (a ``fraction`` frozen) on the chosen variables."""
 
-    def __init__(self, optimizer: MaskedOptimizer, seed: int, fraction: float = 0.5) -> None:
+    def __init__(self, optimizer: MaskedOptimizer, seed: int, fraction: float = 0.5, only: str | None = None) -> None:
         super().__init__()
-        self.optimizer, self.fraction = optimizer, fraction
+        self.optimizer, self.fraction, self.only = optimizer, fraction, only
         self.rng = np.random.default_rng(seed)
         self.calls = 0
 
     def on_epoch_begin(self, epoch, logs=None):
+        if not self.optimizer.built:
+            self.optimizer.build(self.model.trainable_variables)
         for v in self.model.trainable_variables:
-            self.optimizer.set_mask(v, self.rng.random(tuple(v.shape)) >= self.fraction)
+            if self.only is None or v.path.endswith(self.only):
+                self.optimizer.set_mask(v, self.rng.random(tuple(v.shape)) >= self.fraction)
         self.calls += 1
 
 
@@ -107,19 +143,15 @@ def _count_traces(optimizer) -> list[int]:
 
 
 def fuse_update(optimizer) -> None:
-    """PROTOTYPE of a suggested change (profile only): run the optimizer's update under XLA, the rest not.
+    """Plain Adam's update compiled by XLA inside a non-XLA step: the reference for ``jit_update=True``.
 
     Replaces ``optimizer.apply`` on this instance with one that calls the original inside a
-    ``tf.function(jit_compile=True)``: XLA fuses Adam's element-wise ops and the wrapper's ``tf.where``
-    into one pass per variable, while the model's forward/backward stay on the (faster on CPU) non-XLA
-    kernels. Works for a plain Keras optimizer and for ``MaskedOptimizer`` (stored masks; not mask_fn).
+    ``tf.function(jit_compile=True)`` (what ``MaskedOptimizer(jit_update=True)`` does for itself).
     """
     base = optimizer.apply
     compiled = {}
 
-    def apply(grads, trainable_variables=None, masks=None):
-        if masks is not None:
-            raise ValueError("fuse_update: per-call masks are not supported by this prototype")
+    def apply(grads, trainable_variables=None):
         variables = list(trainable_variables if trainable_variables is not None else optimizer._trainable_variables)
         if not optimizer.built:
             with tf.init_scope():
@@ -136,28 +168,54 @@ def _bytes(variables) -> int:
     return int(sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables))
 
 
+def _fc1_selection(model: keras.Model, seed: int) -> np.ndarray:
+    """The fixed 1% of fc1's kernel that dense_fc1 and sparse_fc1 train."""
+    shape = tuple(model.get_layer("fc1").kernel.shape)
+    return np.random.default_rng(seed).random(shape) < 0.01
+
+
+VARIANTS = ("plain", "hold", "hold_one", "frozen_half", "untrainable", "recompiled_half", "mask_fn", "hold_jit",
+            "plain_jit", "dense_fc1", "sparse_fc1")
+PROFILE_VARIANTS = ("mask_fn_jit", "mask_fn_uniform")  # by name only: --variants
+
+
 def make_variants(names: list[str], seed: int, jit: bool) -> dict:
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     variants = {}
-    for i, name in enumerate(names):
+    for name in names:
         keras.utils.set_random_seed(seed)
         model = deep_mnist_cnn()
         adam = keras.optimizers.Adam(1e-4)
         callbacks = []
-        if name in ("plain", "plain_fused"):
+        if name in ("plain", "plain_jit", "untrainable"):
             opt = adam
-        elif name == "mask_fn":
-            opt = MaskedOptimizer(adam, policy="hold", mask_fn=random_keep)
-        elif name == "hold_nomask":
-            opt = MaskedOptimizer(adam, policy="hold")
-        elif name in ("hold", "none", "hold_fused"):
-            opt = MaskedOptimizer(adam, policy=name.removesuffix("_fused"))
+            if name == "plain_jit":
+                fuse_update(opt)
+            if name == "untrainable":
+                for layer in HALF:
+                    model.get_layer(layer).trainable = False
+        elif name in ("mask_fn", "mask_fn_jit", "mask_fn_uniform"):
+            fn = random_keep_uniform if name == "mask_fn_uniform" else random_keep
+            opt = MaskedOptimizer(adam, mask_fn=fn, jit_update=name.endswith("_jit"))
+        elif name in ("hold", "hold_one", "hold_jit"):
+            opt = MaskedOptimizer(adam, jit_update=name.endswith("_jit"))
+            callbacks.append(RandomMasks(opt, seed=seed + 1, only=ONE if name == "hold_one" else None))
+        elif name == "recompiled_half":  # the same MaskedOptimizer, built on every variable, then trainable=False
+            opt = MaskedOptimizer(adam)
+            opt.build(model.trainable_variables)
+            for layer in HALF:
+                model.get_layer(layer).trainable = False
+        elif name == "frozen_half":
+            opt = MaskedOptimizer(adam)
+            for layer in HALF:
+                for v in model.get_layer(layer).trainable_variables:
+                    opt.set_mask(v, False)
+        elif name in ("dense_fc1", "sparse_fc1"):
+            opt = MaskedOptimizer(adam, state="sparse" if name == "sparse_fc1" else "dense")
+            for v in model.trainable_variables:
+                opt.set_mask(v, _fc1_selection(model, seed + 2) if v is model.get_layer("fc1").kernel else False)
         else:
-            raise ValueError(name)
-        if name.endswith("_fused"):
-            fuse_update(opt)
-        if isinstance(opt, MaskedOptimizer) and name in ("hold", "none", "hold_fused"):
-            callbacks.append(RandomMasks(opt, seed=seed + 1))  # same mask sequence for every masked variant
+            raise ValueError(f"unknown variant {name!r}; known: {', '.join(VARIANTS + PROFILE_VARIANTS)}")
         model.compile(optimizer=opt, loss=loss, jit_compile=jit)
         timer = StepTimer()
         variants[name] = {"model": model, "opt": opt, "callbacks": callbacks + [timer], "timer": timer,
@@ -165,35 +223,49 @@ def make_variants(names: list[str], seed: int, jit: bool) -> dict:
     return variants
 
 
-def memory_report(variants: dict, plain_opt, hold_opt, fn_opt) -> dict:
-    """Persistent bytes the wrapper adds, measured on the built optimizers."""
-    model = variants["plain"]["model"]
-    entries = int(sum(int(np.prod(v.shape)) for v in model.trainable_variables))
-    hold_masked = int(sum(int(np.prod(v.shape)) for v in variants["hold"]["model"].trainable_variables
-                          if hold_opt.get_mask(v) is not None))
-    out = {
-        "trainable_entries": entries,
-        "hold_masked_entries": hold_masked,
-        "hold_mask_bytes": hold_opt.mask_bytes(),
-        "hold_mask_bytes_per_masked_entry": hold_opt.mask_bytes() / max(hold_masked, 1),
-        "mask_fn_mask_bytes": fn_opt.mask_bytes(),
-        "mask_fn_mask_bytes_per_entry": fn_opt.mask_bytes() / entries,
-        "mask_fn_mask_variables": len(fn_opt._masks.keep),
-        "inner_optimizer_bytes": {"plain": _bytes(plain_opt.variables), "hold": _bytes(hold_opt.inner.variables),
-                                  "mask_fn": _bytes(fn_opt.inner.variables)},
-        # The wrapper is a keras Optimizer: its base class creates its own (unused) iterations and
-        # learning_rate variables. They are not in opt.variables; counted here to be complete.
-        "wrapper_own_base_bytes": _bytes(hold_opt._variables),
-    }
-    inner = out["inner_optimizer_bytes"]
-    out["inner_bytes_equal"] = inner["plain"] == inner["hold"] == inner["mask_fn"]
-    out["hold_total_added_bytes"] = out["hold_mask_bytes"] + out["wrapper_own_base_bytes"]
-    out["mask_fn_total_added_bytes"] = out["mask_fn_mask_bytes"] + out["wrapper_own_base_bytes"]
+def memory_report(variants: dict) -> dict:
+    """Persistent bytes the wrapper adds, and the optimizer state for fc1 with dense and sparse state."""
+    out: dict = {}
+    plain = variants["plain"]
+    entries = int(sum(int(np.prod(v.shape)) for v in plain["model"].trainable_variables))
+    out["trainable_entries"] = entries
+    if "hold" in variants:
+        opt, model = variants["hold"]["opt"], variants["hold"]["model"]
+        masked = int(sum(int(np.prod(v.shape)) for v in model.trainable_variables if opt.get_mask(v) is not None))
+        n = len(model.trainable_variables)
+        out.update(hold_masked_entries=masked, hold_mask_bytes=opt.mask_bytes(),
+                   hold_mode_bytes=4 * n,
+                   hold_mask_bytes_per_masked_entry=(opt.mask_bytes() - 4 * n) / max(masked, 1),
+                   inner_bytes_equal=_bytes(opt.inner.variables) == _bytes(plain["opt"].variables),
+                   wrapper_own_base_bytes=_bytes(opt._variables))
+    if "mask_fn" in variants:
+        opt = variants["mask_fn"]["opt"]
+        out.update(mask_fn_mask_bytes=opt.mask_bytes(), mask_fn_mask_variables=len(opt._masks.keep))
+    for name in ("dense_fc1", "sparse_fc1"):
+        if name in variants:
+            opt, model = variants[name]["opt"], variants[name]["model"]
+            kernel = model.get_layer("fc1").kernel
+            state = slots(opt, kernel)
+            total = _bytes(state.values())
+            if name == "sparse_fc1":
+                total += opt._sparse.optimizer_bytes({}, kernel)  # the K int32 indices and K scratch values
+            else:
+                total += int(np.prod(kernel.shape))  # its stored mask, 1 byte per entry
+            out[f"{name}_optimizer_bytes_fc1"] = total
+            out[f"{name}_slot_shapes"] = {k: list(v.shape) for k, v in state.items()}
+            out[f"{name}_inner_optimizer_bytes"] = _bytes(opt.inner.variables)
+    if "dense_fc1_optimizer_bytes_fc1" in out and "sparse_fc1_optimizer_bytes_fc1" in out:
+        out["sparse_over_dense_fc1_bytes"] = out["sparse_fc1_optimizer_bytes_fc1"] / out["dense_fc1_optimizer_bytes_fc1"]
     return out
 
 
 def _met(ok: bool) -> str:
     return "met" if ok else "NOT met"
+
+
+def _reference(name: str) -> str:
+    return {"frozen_half": "untrainable", "recompiled_half": "untrainable", "sparse_fc1": "dense_fc1",
+            "hold_jit": "plain_jit"}.get(name, "plain")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -203,14 +275,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--epochs", type=int, default=2, help="epochs per round (masks change at every one)")
     parser.add_argument("--steps", type=int, default=8, help="steps per epoch")
     parser.add_argument("--jit", action="store_true", help="compile every variant with jit_compile=True")
-    parser.add_argument("--profile", action="store_true",
-                        help="add hold_nomask (no stored mask) and none (policy='none') variants")
-    parser.add_argument("--variants", default="plain,hold,mask_fn",
-                        help="comma-separated, from plain,hold,mask_fn,hold_nomask,none,hold_fused,plain_fused "
-                             "(plain is always timed; *_fused: a prototype, see fuse_update)")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated, from {','.join(VARIANTS)} (plain is always timed)")
     args = parser.parse_args(argv)
     names = ["plain"] + [n for n in args.variants.split(",") if n and n != "plain"]
-    names += [n for n in (["hold_nomask", "none"] if args.profile else []) if n not in names]
+    names += [r for r in {_reference(n) for n in names} if r not in names]
 
     rng = np.random.default_rng(0)
     n = args.batch * args.steps
@@ -246,71 +315,67 @@ def main(argv: list[str] | None = None) -> dict:
             per_round_cpu[name].append(statistics.median(timer.cpu_steps[first_step:]))
             per_round_epoch[name].append(sum(timer.epochs[first_epoch:]) / (args.epochs * args.steps))
 
-    def ratios(table: dict[str, list[float]], name: str) -> list[float]:
-        return [a / b for a, b in zip(table[name], table["plain"])]
-
     comparisons = {}
-    for name in names[1:]:
-        c = {}
+    pairs = [(name, _reference(name)) for name in names if name != "plain"]
+    pairs += [(name, "plain") for name in ("hold_jit", "frozen_half") if name in names]  # also against plain fit
+    for name, ref in pairs:
+        c = {"variant": name, "reference": ref}
         for key, table in (("", per_round), ("epoch_", per_round_epoch), ("min_step_", per_round_min),
                            ("cpu_", per_round_cpu)):
-            r = ratios(table, name)
+            r = [a / b for a, b in zip(table[name], table[ref])]
             c.update({f"{key}ratio_median": statistics.median(r), f"{key}ratio_min": min(r),
                       f"{key}ratio_max": max(r), f"{key}ratio_rounds": r})
-        comparisons[name] = c
+        target = XLA_TARGET if args.jit and ref == "plain" and name != "mask_fn" else TARGETS.get((name, ref))
+        c["target"] = target
+        comparisons[name if ref == _reference(name) else f"{name}/{ref}"] = c
     ms = {name: 1e3 * statistics.median(t) for name, t in per_round.items()}
+    cpu_ms = {name: 1e3 * statistics.median(t) for name, t in per_round_cpu.items()}
     traces = {name: v["traces"][0] - traces_after_warmup[name] for name, v in variants.items()}
     mask_sets = {name: cb.calls for name, v in variants.items() for cb in v["callbacks"] if isinstance(cb, RandomMasks)}
-    memory = (memory_report(variants, variants["plain"]["opt"], variants["hold"]["opt"], variants["mask_fn"]["opt"])
-              if {"hold", "mask_fn"} <= set(names) else None)
+    memory = memory_report(variants)
     jit = {name: bool(v["model"].jit_compile) for name, v in variants.items()}
 
     print(f"model.fit, Deep MNIST CNN ({variants['plain']['model'].count_params():,} parameters), batch {args.batch}, "
           f"Adam; {args.rounds} interleaved rounds x {args.epochs} epochs x {args.steps} steps; "
           f"jit_compile={jit['plain']}")
-    cpu_ms = {name: 1e3 * statistics.median(t) for name, t in per_round_cpu.items()}
     for name, value in ms.items():
         print(f"  {name:<12} {value:8.2f} ms/step wall, {cpu_ms[name]:8.2f} ms/step process CPU (medians of rounds)")
-    labels = {"hold": "hold, per-element masks on every variable, new each epoch",
-              "mask_fn": "mask_fn, fresh random in-graph mask every step",
-              "hold_nomask": "hold, no stored mask (profile)", "none": "policy='none', same masks (profile)",
-              "hold_fused": "hold, same masks, optimizer update under XLA (prototype)",
-              "plain_fused": "plain Adam, update under XLA (prototype)"}
-    for name, c in comparisons.items():
-        targeted = name in ("hold", "mask_fn")
+    for c in comparisons.values():
+        name = c["variant"]
         for key, what in (("", "wall"), ("cpu_", "CPU ")):
             value, lo, hi = c[f"{key}ratio_median"], c[f"{key}ratio_min"], c[f"{key}ratio_max"]
-            target = f"target <= {TARGET}: {_met(value <= TARGET)}" if targeted else "(profile, no target)"
-            print(f"  fit ratio {name} / plain, {what} = {value:.3f}  (median of {args.rounds} rounds, "
-                  f"min-max {lo:.3f}-{hi:.3f})  {target}  [{labels[name]}]")
+            target = f"target <= {c['target']}: {_met(value <= c['target'])}" if c["target"] else "(no target)"
+            print(f"  fit ratio {name} / {c['reference']}, {what} = {value:.3f}  (median of {args.rounds} rounds, "
+                  f"min-max {lo:.3f}-{hi:.3f})  {target}")
         print(f"      other estimators, median of rounds: whole-epoch wall {c['epoch_ratio_median']:.3f}, "
               f"fastest step {c['min_step_ratio_median']:.3f}")
     print(f"  retraces during timed rounds: {traces}; set_mask rounds per variant: {mask_sets}")
-    m = memory
-    if m is None:
-        print("  memory: not measured (needs the hold and mask_fn variants)")
-    else:
-        _print_memory(m)
+    _print_memory(memory)
     return {
         "batch": args.batch, "rounds": args.rounds, "epochs_per_round": args.epochs, "steps_per_epoch": args.steps,
         "jit_compile": jit, "target": TARGET, "ms_per_step": ms, "ms_per_step_rounds": {
             name: [1e3 * t for t in ts] for name, ts in per_round.items()},
         "cpu_ms_per_step": cpu_ms,
         "comparisons": comparisons, "retraces_during_rounds": traces, "memory": memory,
-        **{f"ratio_{name}_over_plain": c["ratio_median"] for name, c in comparisons.items()},
+        **{f"ratio_{c['variant']}_over_{c['reference']}": c["ratio_median"] for c in comparisons.values()},
     }
 
 
 def _print_memory(m: dict) -> None:
-    print(f"  memory: hold mask_bytes() = {m['hold_mask_bytes']:,} B for {m['hold_masked_entries']:,} masked entries = "
-          f"{m['hold_mask_bytes_per_masked_entry']:.3f} B/entry  (target <= 1): {_met(m['hold_mask_bytes_per_masked_entry'] <= 1)}")
-    print(f"  memory: mask_fn only: mask_bytes() = {m['mask_fn_mask_bytes']} B ({m['mask_fn_mask_variables']} scalar "
-          f"'no mask' variables) = {m['mask_fn_mask_bytes_per_entry']:.2e} B/entry  (target 0 per entry: "
-          f"{_met(m['mask_fn_mask_bytes'] <= m['mask_fn_mask_variables'])}, a constant {m['mask_fn_mask_bytes']} B)")
-    inner = m["inner_optimizer_bytes"]
-    print(f"  memory: inner Adam variables plain {inner['plain']:,} B, under hold {inner['hold']:,} B, under mask_fn "
-          f"{inner['mask_fn']:,} B (equal: {m['inner_bytes_equal']}); the wrapper's own base-class "
-          f"variables (iterations, learning_rate; not in opt.variables): {m['wrapper_own_base_bytes']} B")
+    if "hold_mask_bytes" in m:
+        print(f"  memory: hold mask_bytes() = {m['hold_mask_bytes']:,} B = {m['hold_mask_bytes_per_masked_entry']:.3f} B "
+              f"per masked entry ({m['hold_masked_entries']:,}) + {m['hold_mode_bytes']} B of modes  (target <= 1 B per "
+              f"masked entry): {_met(m['hold_mask_bytes_per_masked_entry'] <= 1)}; inner Adam bytes equal to plain: "
+              f"{m['inner_bytes_equal']}; the wrapper's own base-class variables: {m['wrapper_own_base_bytes']} B")
+    if "mask_fn_mask_bytes" in m:
+        print(f"  memory: mask_fn only: mask_bytes() = {m['mask_fn_mask_bytes']} B in all "
+              f"({m['mask_fn_mask_variables']} scalar 'no mask' variables and their modes)")
+    if "sparse_over_dense_fc1_bytes" in m:
+        ratio = m["sparse_over_dense_fc1_bytes"]
+        print(f"  memory: optimizer state for fc1 (1% trainable): dense hold {m['dense_fc1_optimizer_bytes_fc1']:,} B "
+              f"(slots {m['dense_fc1_slot_shapes']} + mask), sparse {m['sparse_fc1_optimizer_bytes_fc1']:,} B (slots "
+              f"{m['sparse_fc1_slot_shapes']} + K indices and values) = {ratio:.4f} of dense  (target <= 0.03): "
+              f"{_met(ratio <= 0.03)}")
 
 
 if __name__ == "__main__":

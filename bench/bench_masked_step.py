@@ -25,6 +25,7 @@ from freezing import MaskedOptimizer, slots  # noqa: E402
 from study.models import deep_mnist_cnn  # noqa: E402
 
 TARGET = 1.05
+XLA_TARGET = 1.03
 
 
 def _setup(batch: int, seed: int):
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=15, help="steps per variant per round")
     parser.add_argument("--jit", action="store_true", help="compile the train steps with XLA")
     args = parser.parse_args(argv)
+    target = XLA_TARGET if args.jit else TARGET
     steps, pool = make_steps(args.batch, pool=8, seed=0, jit=args.jit)
     for fn, _, _ in steps.values():  # trace and warm up
         for i in range(3):
@@ -126,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict:
     masked = steps["hold"][2]
     result = {
         "batch": args.batch, "jit": args.jit, "rounds": args.rounds, "steps_per_round": args.steps,
-        "target": TARGET,
+        "target": target,
         "ms_per_step": ms,
         "ratio_hold_over_plain": statistics.median(per_round),
         "ratio_hold_over_plain_rounds_min_max": (min(per_round), max(per_round)),
@@ -151,9 +153,9 @@ def main(argv: list[str] | None = None) -> dict:
     for key, what in (("", "wall"), ("cpu_", "CPU ")):
         value = result[f"{key}ratio_hold_over_plain"]
         lo, hi = result[f"{key}ratio_hold_over_plain_rounds_min_max"]
-        met = "met" if value <= TARGET else "NOT met"
+        met = "met" if value <= target else "NOT met"
         print(f"  custom-loop ratio hold / plain, {what} = {value:.3f}  (median of {args.rounds} per-round ratios, "
-              f"min-max {lo:.3f}-{hi:.3f})  target <= {TARGET}: {met}")
+              f"min-max {lo:.3f}-{hi:.3f})  target <= {target}: {met}")
     lo, hi = result["ratio_copy_restore_over_plain_rounds_min_max"]
     print(f"  ratio copy_restore / plain     = {result['ratio_copy_restore_over_plain']:.3f}  (rounds {lo:.3f}-{hi:.3f}; "
           "the naive reference, no target)")

@@ -4,7 +4,7 @@ Times ``apply_gradients`` alone (fixed gradients, no forward/backward) on the De
 shapes, in interleaved rounds, for: plain Adam; ``hold`` with a stored per-element mask on every
 variable; ``hold`` with no stored mask; ``policy="none"`` with the same masks; ``hold`` with
 ``mask_fn`` (fresh random mask each step); and, as references, the bare cost of the ops the wrapper
-adds: the random masks alone (``tf.random.stateless_uniform``) and three ``tf.where`` per variable.
+adds: the random masks alone (``bench_masked_fit.random_keep``) and three ``tf.where`` per variable.
 Reports milliseconds per call (median of rounds, wall and process CPU) and the difference to plain
 Adam, which is what each variant adds to every ``fit`` step. ``--jit`` compiles the functions with XLA.
 

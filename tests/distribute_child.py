@@ -26,7 +26,7 @@ if sys.argv[1] == "mirrored":
 
 import keras  # noqa: E402
 
-from freezing import MaskedOptimizer, MaskSchedule, diagnose, slots  # noqa: E402
+from freezing import MaskedOptimizer, MaskSchedule, _write_path, diagnose, slots  # noqa: E402
 from freezing.audit import changed_bits  # noqa: E402
 
 RNG = np.random.default_rng(0)
@@ -80,17 +80,23 @@ def mirrored() -> dict:
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     out["replicas"] = strategy.num_replicas_in_sync
 
-    # 1. compile + fit with a stored mask
-    model, opt = model_and_optimizer(strategy)
-    kernel = model.get_layer("fc1").kernel
-    opt.set_mask(kernel, KEEP)
-    model.fit(X, Y, epochs=1, batch_size=8, verbose=0, shuffle=False)  # state to drift with
-    before = snapshot(opt, kernel)
-    model.fit(X, Y, epochs=2, batch_size=8, verbose=0, shuffle=False)
-    after = snapshot(opt, kernel)
-    out["fit_frozen_changed"] = frozen_changed(before, after, KEEP)
-    out["fit_trainable_moved"] = bool(np.all(after[0][0][KEEP] != before[0][0][KEEP]))
-    out["fit_replicas_identical"] = replicas_identical(opt, kernel)
+    # 1. compile + fit with a stored mask, the masked writes as TensorFlow ops and as fused XLA passes
+    for fused in (False, True):
+        _write_path.FUSE_ABOVE = 0 if fused else 1 << 40
+        model, opt = model_and_optimizer(strategy)
+        kernel = model.get_layer("fc1").kernel
+        opt.set_mask(kernel, KEEP)
+        model.fit(X, Y, epochs=1, batch_size=8, verbose=0, shuffle=False)  # state to drift with
+        before = snapshot(opt, kernel)
+        model.fit(X, Y, epochs=2, batch_size=8, verbose=0, shuffle=False)
+        after = snapshot(opt, kernel)
+        tag = "fused_" if fused else ""
+        out[f"{tag}fit_frozen_changed"] = frozen_changed(before, after, KEEP)
+        out[f"{tag}fit_trainable_moved"] = bool(np.all(after[0][0][KEEP] != before[0][0][KEEP]))
+        out[f"{tag}fit_replicas_identical"] = replicas_identical(opt, kernel)
+        out[f"{tag}fit_functions"] = len(opt._paths[0].fused)
+        out[f"{tag}fit_bits"] = hashlib.sha256(after[0][0].tobytes()).hexdigest()
+    _write_path.FUSE_ABOVE = 1 << 17
     out["fit_mirrored_variables"] = type(kernel.value).__name__
 
     # 2. set_mask from a callback between batches: a new mask every batch, no retrace
@@ -241,6 +247,7 @@ def worker() -> dict:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     out["task"], out["replicas"] = task, strategy.num_replicas_in_sync
+    _write_path.FUSE_ABOVE = 0  # every masked write as one fused XLA pass, in both processes
     model, opt = model_and_optimizer(strategy, inner=lambda: keras.optimizers.Adam(0.05))
     with strategy.scope():
         opt.build(model.trainable_variables)
@@ -268,6 +275,7 @@ def worker() -> dict:
             bias_changed += frozen_changed(bias_before, snapshot(opt, bias), np.array([True, False]))
     out["loop_frozen_changed"] = changed
     out["loop_stored_frozen_changed"] = bias_changed
+    out["loop_fused_functions"] = len(opt._paths[0].fused)
     out["loop_traces"] = step.experimental_get_tracing_count()
     out["loop_trained"] = bool(np.any(replicas(kernel)[0] != model_and_optimizer(
         tf.distribute.get_strategy(), inner=lambda: keras.optimizers.Adam(0.05))[0].get_layer("fc1").kernel.numpy()))

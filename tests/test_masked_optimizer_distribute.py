@@ -73,10 +73,16 @@ def workers(tmp_path_factory) -> list[dict]:
 
 # -- MirroredStrategy, two logical CPU devices ----------------------------------------------------
 
-def test_fit_holds_frozen_bits_on_every_replica_and_replicas_stay_identical(mirrored):
+@pytest.mark.parametrize("write", ["", "fused_"], ids=["tf_where", "fused"])
+def test_fit_holds_frozen_bits_on_every_replica_and_replicas_stay_identical(mirrored, write):
     assert mirrored["replicas"] == 2 and mirrored["fit_mirrored_variables"] == "MirroredVariable"
-    assert mirrored["fit_frozen_changed"] == 0  # value, m and v of every frozen entry, on both replicas
-    assert mirrored["fit_trainable_moved"] and mirrored["fit_replicas_identical"]
+    assert mirrored[f"{write}fit_frozen_changed"] == 0  # value, m and v of every frozen entry, on both replicas
+    assert mirrored[f"{write}fit_trainable_moved"] and mirrored[f"{write}fit_replicas_identical"]
+    assert (mirrored[f"{write}fit_functions"] > 0) == (write == "fused_")
+
+
+def test_fused_masked_writes_give_the_same_bits_under_the_strategy(mirrored):
+    assert mirrored["fused_fit_bits"] == mirrored["fit_bits"]
 
 
 def test_masks_set_from_a_callback_every_batch_hold_exactly_without_retracing(mirrored):
@@ -129,7 +135,7 @@ def test_multi_worker_custom_loop_is_exact_and_identical_across_both_processes(w
     assert (a["task"], b["task"]) == (0, 1) and a["replicas"] == b["replicas"] == 2
     for w in workers:
         assert w["loop_frozen_changed"] == 0 and w["loop_stored_frozen_changed"] == 0
-        assert w["loop_trained"] and w["loop_traces"] == 1
+        assert w["loop_trained"] and w["loop_traces"] == 1 and w["loop_fused_functions"] > 0
     assert a["weights_sha256"] == b["weights_sha256"] and a["slots_sha256"] == b["slots_sha256"]
 
 

@@ -14,8 +14,15 @@ import tensorflow as tf
 
 import keras
 from freezing import MaskedOptimizer, slots
-from freezing import _masks
+from freezing import _masks, _write_path
 from freezing.audit import changed_bits
+
+
+@pytest.fixture(params=["tf_where", "fused"])
+def write(request, monkeypatch):
+    """Run a test with the masked write as TensorFlow ops, and as one XLA-compiled pass for every variable."""
+    monkeypatch.setattr(_write_path, "FUSE_ABOVE", 0 if request.param == "fused" else 1 << 40)
+    return request.param
 
 
 def _bits(a) -> bytes:
@@ -130,7 +137,7 @@ def test_the_masked_and_restore_writes_give_the_plain_optimizer_bits_where_train
             assert _bits(p[keep]) == _bits(m[keep]) and _bits(b[~keep]) == _bits(m[~keep])
 
 
-def test_set_mask_switches_every_mode_inside_one_tf_function_without_retracing():
+def test_set_mask_switches_every_mode_inside_one_tf_function_without_retracing(write):
     shape = (20, 10)
     rng = np.random.default_rng(3)
     plain, pw, masked, mw, _ = _twins(shape)
@@ -150,6 +157,7 @@ def test_set_mask_switches_every_mode_inside_one_tf_function_without_retracing()
         step(tf.constant(rng.normal(size=shape).astype("float32")))
         assert _held(before, _state(masked, mw), keep)
     assert step.experimental_get_tracing_count() == 1
+    assert bool(masked._paths[0].fused) == (write == "fused")
 
 
 def _count_traces(opt) -> list[int]:
@@ -201,7 +209,7 @@ class CycleModes(keras.callbacks.Callback):
 
 
 @pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
-def test_fit_cycles_every_mode_exactly_with_one_trace(jit_compile):
+def test_fit_cycles_every_mode_exactly_with_one_trace(jit_compile, write):
     model, opt = _model(), MaskedOptimizer(keras.optimizers.AdamW(0.05, weight_decay=0.1))
     model.compile(optimizer=opt, loss="mse", jit_compile=jit_compile)
     traces = _count_traces(opt)
@@ -221,6 +229,23 @@ def test_fit_without_masks_gives_plain_keras_bits(jit_compile):
 
     assert run(keras.optimizers.AdamW(0.05, weight_decay=0.1)) == run(
         MaskedOptimizer(keras.optimizers.AdamW(0.05, weight_decay=0.1)))
+
+
+def test_fused_masked_writes_give_the_bits_of_tensorflow_ops(monkeypatch):
+    """The fused write compiles only where(keep, d, pad) and the write: no multiply-add to contract."""
+    shape = (64, 48)
+    keep = np.random.default_rng(9).random(shape) < 0.5
+    out = {}
+    for fuse_above in (1 << 40, 0):
+        monkeypatch.setattr(_write_path, "FUSE_ABOVE", fuse_above)
+        plain, pw, masked, mw, grads = _twins(shape, inner=lambda: keras.optimizers.AdamW(0.1, weight_decay=0.1))
+        masked.set_mask(mw, keep)
+        step = tf.function(lambda g: masked.apply_gradients([(g, mw)]))
+        for g in grads:
+            step(g)
+        assert bool(masked._paths[0].fused) == (fuse_above == 0)
+        out[fuse_above] = _state(masked, mw)
+    assert all(_bits(a) == _bits(b) for a, b in zip(out[1 << 40], out[0]))
 
 
 def test_xla_fit_with_masks_matches_the_graph_fit_to_rounding_and_holds_frozen_bits():
