@@ -118,7 +118,7 @@ class _Chief:
             write_json_atomic(self.progress_path, {
                 "version": self.last_version, "functions_done": self.state["functions_done"],
                 "checkpoint_version": self.checkpoint_version,
-                "version_task": short_device(self.ps.version.device) if self.ps else None, **extra})
+                "version_task": short_device(self.ps.version.device) if self.ps else None, **extra}, durable=False)
 
     def record_failure(self, error: BaseException, lost: list[str]) -> dict[str, Any]:
         """What the chief knew when ``error`` ended it, also written to the progress file."""
