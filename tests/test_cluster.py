@@ -92,6 +92,12 @@ def test_entry_point_rejects_a_bad_tf_config_and_a_chief_without_a_job_with_exit
     run = subprocess.run([sys.executable, "-m", "study.ps"], capture_output=True, text=True,
                          env=dict(os.environ, TF_CONFIG=chief), timeout=120)
     assert run.returncode == 2 and "the chief needs --job" in run.stderr
+    for job, message in (('{"stepz": 3}', "--job: unknown field 'stepz'; allowed: model, model_kwargs, data"),
+                         ('{"optimizer": "adamz"}', "optimizer: got 'adamz'; allowed: 'sgd', 'adagrad'"),
+                         ("no-such-job.json", "--job: 'no-such-job.json' is neither a JSON object nor a file")):
+        run = subprocess.run([sys.executable, "-m", "study.ps", "--job", job], capture_output=True, text=True,
+                             env=dict(os.environ, TF_CONFIG=chief), timeout=120)
+        assert run.returncode == 2 and f"study.ps: {message}" in run.stderr, run.stderr[-500:]
     ok = parse_tf_config(json.dumps({"cluster": {"worker": ["h:1"], "ps": ["h:2"]}, "task": {"type": "ps"}}))
     assert ok["task"] == {"type": "ps", "index": 0}
 

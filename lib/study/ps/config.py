@@ -63,6 +63,18 @@ def read_job(text: str) -> dict[str, Any]:
     return job
 
 
+def job_from_dict(fields: dict[str, Any]) -> DownpourConfig:
+    """``DownpourConfig(**fields)``, with a ``ValueError`` naming unknown fields and every allowed one."""
+    import dataclasses
+
+    allowed = [f.name for f in dataclasses.fields(DownpourConfig)]
+    unknown = sorted(set(fields) - set(allowed))
+    if unknown:
+        raise ValueError(f"--job: unknown field{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}; "
+                         f"allowed: {', '.join(allowed)}")
+    return DownpourConfig(**fields)
+
+
 def optimizer_label(optimizer: str | dict) -> str:
     """A short name for a job's optimizer: ``"adam"``, ``"sgd"``, or a config dict's class name."""
     return optimizer if isinstance(optimizer, str) else str(optimizer.get("class_name", "?")).lower()
