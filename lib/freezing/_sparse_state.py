@@ -102,6 +102,10 @@ class SparseState:
         """The saved sparse state: the selections (the scratch values are refilled at every step)."""
         return [e.index for e in self.entries.values()]
 
+    def scratch(self) -> list[Any]:
+        """The K-entry scratch variables (not saved: refilled from their variables at every step)."""
+        return [e.values for e in self.entries.values()]
+
     def sizes(self) -> list[int | None]:
         """K per built variable (None: dense state), for the config: what ``build`` needs before loading the state."""
         out = []

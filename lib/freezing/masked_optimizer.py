@@ -7,8 +7,9 @@ optimizer writes (``freezing._write_path``). Each variable's update takes one of
 in the graph from its mask at every step, so a changed mask never retraces (``freezing._masks``):
 no mask -- Keras' own update, nothing extra; wholly frozen -- no update at all, slots untouched;
 some entries frozen -- the masked update, whose writes leave the frozen entries' bits alone; few
-entries frozen -- Keras' own update with the frozen entries' bits saved and put back. No copy of a
-whole variable or slot is made. What is held, per policy:
+entries frozen -- Keras' own update with the frozen entries' bits saved and put back. Under XLA
+(``jit_compile=True``) every variable takes the masked update, whose selects XLA fuses into it.
+No copy of a whole variable or slot is made. What is held, per policy:
 
 * ``"hold"``  -- value, moments (every slot), EMA average and gradient accumulator of a frozen entry
   keep their bits; unfrozen later, the entry resumes from the moments it had.
@@ -431,6 +432,23 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         24
         """
         return int(sum(tf.size(m).numpy() * m.dtype.size for m in list(self._masks.keep) + [self._masks.mode]))
+
+    def state_bytes(self) -> int:
+        """Bytes of every variable this optimizer holds: the inner optimizer's, the masks and modes, sparse state.
+
+        The inner optimizer's variables are its slots, step counter and learning rate; with
+        ``state="sparse"`` each selection adds K ``int32`` indices and K scratch values.
+
+        Returns:
+            The total, in bytes.
+
+        >>> w = keras.Variable(np.zeros((4, 5), "float32"), name="w")
+        >>> opt = MaskedOptimizer("adam"); opt.build([w])
+        >>> opt.state_bytes()  # step 8 + learning rate 4 + m 80 + v 80 + mask 1 + mode 4
+        177
+        """
+        variables = self.variables + self._sparse.scratch()
+        return int(sum(int(tf.size(v).numpy()) * tf.as_dtype(v.dtype).size for v in variables))
 
     # -- applying a step --------------------------------------------------------------------------
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]], masks: Sequence[Any] | None = None) -> Any:
