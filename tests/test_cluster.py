@@ -103,24 +103,28 @@ def test_entry_point_rejects_a_bad_tf_config_and_a_chief_without_a_job_with_exit
 
 
 @pytest.mark.skipif(not bind.available(), reason="--bind needs Linux and a C compiler")
-def test_a_task_started_by_hand_with_bind_listens_there_only_and_without_it_on_every_interface(alive):
+def test_a_task_started_by_hand_with_bind_listens_there_only_and_without_it_on_every_interface(alive, tmp_path):
     ports = free_ports(2)
     spec = {"ps": [f"localhost:{ports[0]}"], "worker": [f"localhost:{ports[1]}"]}
     started = []
     try:
         for job, flags in (("ps", ["--bind", "127.0.0.1"]), ("worker", [])):
             config = json.dumps({"cluster": spec, "task": {"type": job, "index": 0}})
-            started.append(subprocess.Popen([sys.executable, "-m", "study.ps", *flags], start_new_session=True,
-                                            env=dict(os.environ, TF_CONFIG=config), stdout=subprocess.PIPE,
-                                            stderr=subprocess.STDOUT, text=True))
+            with open(tmp_path / f"{job}.log", "w") as log:
+                started.append(subprocess.Popen([sys.executable, "-m", "study.ps", *flags], start_new_session=True,
+                                                env=dict(os.environ, TF_CONFIG=config), stdout=log,
+                                                stderr=subprocess.STDOUT))
         wait_for_tasks(spec, timeout=120)
+        deadline = time.monotonic() + 60  # the task prints its line once it has checked where it listens
+        while "serving ps:0" not in (tmp_path / "ps.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert {bind.plain(a) for a in bind.listening(ports[0])} == {"127.0.0.1"}
         assert bind.describe(bind.listening(ports[1])).startswith("every interface")  # TensorFlow's default
     finally:
         for process in started:
             os.killpg(process.pid, 9)
             process.wait()
-    assert "listening on 127.0.0.1" in started[0].stdout.read()
+    assert "listening on 127.0.0.1" in (tmp_path / "ps.log").read_text()
     assert not any(alive(p.pid) for p in started)
     run = subprocess.run([sys.executable, "-m", "study.ps", "--bind", "somewhere"], capture_output=True, text=True,
                          env=dict(os.environ, TF_CONFIG=json.dumps({"cluster": spec, "task": {"type": "ps"}})),
