@@ -184,7 +184,8 @@ def mnist_files(tmp_path_factory):
 
 @pytest.mark.cluster
 def test_adam_on_the_ps_with_frozen_entries_that_no_push_moves_then_a_refused_resume(cluster, mnist_files, tmp_path):
-    job = DownpourConfig(model=MLP, model_kwargs={"hidden": 32}, data="study.ps.data:idx",
+    # hidden 384: each shard of fc1/kernel holds 150,528 entries, over the 2^17 where MaskedOptimizer fuses its write
+    job = DownpourConfig(model=MLP, model_kwargs={"hidden": 384}, data="study.ps.data:idx",
                          data_kwargs={"folder": mnist_files}, workers=2, ps=2, steps=48, n_fetch=2, n_push=2,
                          steps_per_function=4, optimizer="adam", learning_rate=0.003, shard_min_bytes=16 * 1024,
                          freeze=["fc2/bias"], masks="study.ps.examples:random_mask", masks_kwargs={"keep": 0.5},
