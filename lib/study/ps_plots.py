@@ -74,7 +74,10 @@ def n_push_sweep(table: pd.DataFrame) -> plt.Figure:
     axes[1].set(ylabel="steps per second, both workers [1/s]", ylim=(0, None))
     axes[2].plot(table["n_push"], table["staleness_mean"], marker="o")
     axes[2].set(ylabel="mean staleness of a push [updates]", ylim=(0, 1.2 * float(table["staleness_mean"].max())))
-    axes[3].plot(table["n_push"], table["final_accuracy"], marker="o")
+    axes[3].plot(table["n_push"], table["final_accuracy"], marker="o", ls="none")  # runs of unequal training
+    for n, accuracy, updates in zip(table["n_push"], table["final_accuracy"], table["applied_updates"]):
+        axes[3].annotate(f"{int(updates)} updates", (n, accuracy), xytext=(0, -14), textcoords="offset points",
+                         ha="center", fontsize=8)
     axes[3].set(ylabel="test accuracy after the run [fraction]", ylim=(0, 1))
     for ax in axes:
         ax.set_xscale("log", base=2)
@@ -152,24 +155,50 @@ def dai_slowdown(check: pd.DataFrame) -> plt.Figure:
 
 
 def fault_timeline(result: Mapping[str, Any]) -> plt.Figure:
-    """The update counter over the fault run: checkpoints, each fault, and where the job resumed."""
-    fig, ax = plt.subplots(figsize=(8, 3.4))
-    checkpoints = pd.DataFrame(result["checkpoints"])
-    if len(checkpoints):
-        ax.plot(checkpoints["seconds"], checkpoints["version"], "o-", color="0.3", ms=4,
-                label="checkpoint (updates in it)")
-    for i, fault in enumerate(result["faults"]):
-        ax.axhline(fault.get("version_seen") or 0, color=f"C{i + 1}", ls="--", lw=1,
-                   label=f"{fault['killed']} killed at ≈{fault.get('version_seen')} updates")
-    resumed = [a["restored_version"] for a in result.get("attempts", []) if a.get("resumed")]
-    for version in resumed:  # where the restarted chief picked up: a checkpoint below the kill's line
-        at = checkpoints[checkpoints["version"] == version]["seconds"] if len(checkpoints) else []
-        if len(at):
-            ax.plot(float(at.iloc[0]), version, marker="o", ms=11, mfc="none", mec="k", mew=1.2, ls="none",
-                    label="resumed from this checkpoint" if version == resumed[0] else None)
-    ax.set(xlabel="training time of the job, chief restarts excluded [s]", ylabel="updates on the ps [count]")
-    ax.legend(fontsize=8, loc="upper left")
-    ax.grid(alpha=0.3)
+    """The fault run attempt by attempt: the updates each chief attempt applied, the checkpoints it saved, each
+    fault, and the updates a restart lost (from the checkpoint it resumed from to where the killed attempt was).
+
+    One bar per attempt of the chief, from the update count it started at (0, or the checkpoint it resumed from)
+    to the count when it ended (the next kill of the chief or a ps task, or the end of the job).
+    """
+    attempts = list(result.get("attempts", []))
+    restarts = [f for f in result["faults"] if not f["killed"].startswith("worker")]
+    starts = [int(a.get("restored_version") or 0) for a in attempts]
+    ends = [int(f.get("version_at_failure") or f.get("version_seen") or 0) for f in restarts]
+    ends.append(int(result["applied_updates"]))
+    fig, ax = plt.subplots(figsize=(8, 1.9 + 0.75 * max(len(attempts), 1)))
+    if len(starts) != len(ends):  # attempts not matched to faults: nothing honest to draw
+        ax.text(0.5, 0.5, "attempts and faults do not match", ha="center", transform=ax.transAxes)
+        return fig
+    checkpoints = [int(c["version"]) for c in result.get("checkpoints", [])]
+    labelled: set[str] = set()
+
+    def once(label: str) -> str | None:
+        return None if label in labelled or labelled.add(label) else label
+
+    for i, (start, end) in enumerate(zip(starts, ends)):
+        kept = min(end, starts[i + 1]) if i + 1 < len(starts) else end  # the next attempt resumed from here
+        ax.barh(i, kept - start, left=start, height=0.5, color="C0", alpha=0.8, label=once("updates applied and kept"))
+        if kept < end:
+            ax.barh(i, end - kept, left=kept, height=0.5, color="C3", hatch="//", alpha=0.5,
+                    label=once("applied after the last checkpoint, lost with the kill, redone by the next attempt"))
+        upper = starts[i + 1] if i + 1 < len(starts) else end  # the latest checkpoint before a kill is resumed
+        mine = [v for v in checkpoints if start < v <= upper]
+        ax.plot(mine, [i] * len(mine), ls="none", marker="|", ms=16, mew=2, color="k", label=once("checkpoint saved"))
+        if i < len(restarts):
+            ax.annotate(f"{restarts[i]['killed']} killed", (end, i), xytext=(4, 8), textcoords="offset points",
+                        fontsize=8, color="C3")
+    for fault in result["faults"]:
+        if fault["killed"].startswith("worker"):
+            seen = int(fault.get("version_seen") or 0)
+            row = next((i for i, (a, b) in enumerate(zip(starts, ends)) if a <= seen <= b), 0)
+            ax.plot(seen, row, ls="none", marker="X", ms=9, color="C1",
+                    label=once(f"{fault['killed']} killed (its function re-ran; nothing lost)"))
+    ax.set_yticks(range(len(starts)), [f"attempt {i + 1}\n(from {s})" for i, s in enumerate(starts)])
+    ax.invert_yaxis()
+    ax.set(xlabel="updates on the ps [count]", xlim=(0, 1.04 * max(ends)))
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=2, frameon=False)
+    ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig
 
