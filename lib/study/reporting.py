@@ -219,10 +219,10 @@ def mean_std(table: pd.DataFrame, by: Sequence[str], values: Sequence[str]) -> p
 
 
 def format_mean_std(mean: float, std: float, digits: int = 3) -> str:
-    """``1.234e-02 ± 5.0e-04`` style text for a table cell. ``format_mean_std(0.5, 0.01) == "0.5 ± 0.01"``"""
-    if std != std:  # a single seed: no spread to show
-        return f"{mean:.{digits}g}"
-    return f"{mean:.{digits}g} ± {std:.2g}"
+    """``mean ± std`` for a table cell, in plain notation (``study.prose.pm``). ``format_mean_std(0.5, 0.01) == "0.5 ± 0.01"``"""
+    from study.prose import pm
+
+    return pm(mean, std, digits)  # plain notation, '1.5e-5' below 1e-4; a single seed (NaN std): the mean alone
 
 
 def format_count(mean: float, std: float) -> str:
