@@ -14,11 +14,13 @@ import pandas as pd
 
 COLOURS = {"gradient_mask": "tab:red", "naive_gate": "tab:red", "constraint": "tab:orange", "exact": "tab:green",
            "mask_schedule": "tab:green", "recompile_fresh": "tab:blue", "recompile_same": "tab:gray",
-           "trainable_flip": "tab:red", "full": "tab:blue", "last_layer": "tab:purple", "sparse": "tab:green"}
+           "trainable_flip": "tab:red", "full": "tab:blue", "last_layer": "tab:purple", "sparse": "tab:green",
+           "sparse_state": "tab:olive", "lora": "tab:brown"}
 LABELS = {"gradient_mask": "gradient mask", "constraint": "constraint (copy back)", "exact": "exact mask",
           "naive_gate": "naive gate", "mask_schedule": "MaskSchedule", "recompile_fresh": "recompile, new optimizer",
           "recompile_same": "recompile, same optimizer", "trainable_flip": "flip trainable, no recompile",
-          "full": "full fine-tuning", "last_layer": "last layer only", "sparse": "sparse (FISH)"}
+          "full": "full fine-tuning", "last_layer": "last layer only", "sparse": "sparse (FISH), dense state",
+          "sparse_state": "sparse (FISH), sparse state", "lora": "LoRA (enable_lora)"}
 
 
 def _label(method: str) -> str:
@@ -136,19 +138,31 @@ def unfreezing(curves: pd.DataFrame, every: int, layers: Sequence[str]) -> plt.F
 
 
 def sparse(runs: pd.DataFrame) -> plt.Figure:
-    """Recipe 4: new-task accuracy against forgetting of the old task, per method. ``sparse(r4.runs)``"""
-    fig, ax = plt.subplots(figsize=(6.8, 4.4))
+    """Recipe 4: new-task accuracy against forgetting, and optimizer memory against step time, per variant. ``sparse(r4.runs)``
+
+    The sparse state trains the same bits as the dense state, so its points sit on the dense ones in the
+    left panel (hollow markers).
+    """
+    fig, (ax, cost) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [1.2, 1]})
     for (method, variant), g in runs.groupby(["method", "variant"], sort=False):
         share = g["trained_entries"].iloc[0] / g["total_entries"].iloc[0]
-        label = f"{_label(method)}: {100 * share:.1f} % of entries trained"
+        label = f"{_label(method)}: {100 * share:.1f} % of entries trained" + (
+            f" (r={int(g['lora_rank'].iloc[0])})" if method == "lora" else "")
         fraction = g["fraction"].iloc[0]
-        ax.errorbar(g["forgetting"].mean(), g["acc_new"].mean(), xerr=g["forgetting"].std() if len(g) > 1 else 0,
-                    yerr=g["acc_new"].std() if len(g) > 1 else 0, marker="o" if fraction != fraction else "s",
-                    ms=7, capsize=3, color=COLOURS.get(method), alpha=0.5 + 0.5 * min(share * 10, 1), label=label)
+        style = dict(marker="o" if fraction != fraction else "s", ms=7 if method != "sparse_state" else 11,
+                     capsize=3, color=COLOURS.get(method), alpha=0.5 + 0.5 * min(share * 10, 1))
+        if method == "sparse_state":
+            style.update(mfc="none", mew=1.5)
+        std = (lambda c: g[c].std() if len(g) > 1 else 0)
+        ax.errorbar(g["forgetting"].mean(), g["acc_new"].mean(), xerr=std("forgetting"), yerr=std("acc_new"),
+                    label=label, **style)
+        cost.errorbar(g["optimizer_bytes"].mean(), g["step_time_ms"].mean(), yerr=std("step_time_ms"), **style)
     ax.set(xlabel="forgetting: accuracy lost on digits 0-4 (fraction)",
            ylabel="accuracy on digits 5-9 after fine-tuning (fraction)",
-           title="Sparse fine-tuning: learning vs forgetting (mean ± std)", xlim=(-0.05, 1.05), ylim=(0, 1.05))
-    ax.legend(fontsize=8, loc="lower right")
+           title="Learning vs forgetting (mean ± std)", xlim=(-0.05, 1.05), ylim=(0, 1.05))
+    ax.legend(fontsize=7, loc="lower right")
+    cost.set(xscale="log", xlabel="optimizer state (bytes, log scale)", ylabel="median step time (ms)",
+             title="What it costs (mean ± std over seeds)")
     fig.tight_layout()
     return fig
 

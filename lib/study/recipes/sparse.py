@@ -1,5 +1,7 @@
 """Study 05, recipe 4: sparse fine-tuning of a fixed 1-5 % of entries chosen by accumulated squared gradients
-(FISH-style), against full and last-layer fine-tuning."""
+(FISH-style), against full and last-layer fine-tuning and Keras' own LoRA at a comparable count of trained
+parameters; the sparse selection trained with dense ``hold`` state and with ``state="sparse"`` (optimizer
+state only for the selected entries)."""
 
 from __future__ import annotations
 
@@ -19,8 +21,23 @@ from study.data import MnistSplits
 from study.optimizers import make_optimizer
 from study.training import LOSS, StepTimer, batch_indices, median_ms, restore, snapshot
 from study.recipes.setup import (
-    Pretrained, RecipesConfig, SPARSE_METHODS, StudyResult, _accuracies, _fit_steps, body_layers, mlp, old_new,
+    Pretrained, RecipesConfig, SPARSE_METHODS, StudyResult, _accuracies, _digest, _fit_steps, body_layers, mlp, old_new,
 )
+
+METHODS = (*SPARSE_METHODS, "sparse_state", "lora")
+"""Recipe 4's methods: full, last layer, the FISH selection with dense hold state and with sparse state, LoRA."""
+
+SPARSE_COLUMNS = {
+    "optimizer_bytes": "bytes of every variable the optimizer holds: slots, step counter, learning rate, masks "
+                       "and modes, sparse selections and scratch (bytes)",
+    "lora_rank": "rank r of layer.enable_lora(r) on every Dense layer (LoRA only; empty for other methods)",
+    "weights_digest": "SHA-256 of all weights' bits at the end: equal digests mean bit-identical weights",
+}
+"""Columns recipe 4 adds to ``COLUMNS`` (pass ``{**COLUMNS, **SPARSE_COLUMNS}`` to ``save_table``)."""
+SPARSE_COLUMNS.update({f"{name}_{stat}": f"{label} over seeds of: {meaning}"
+                       for name, meaning in list(SPARSE_COLUMNS.items())
+                       for stat, label in (("mean", "mean"), ("std", "standard deviation"), ("min", "smallest"),
+                                           ("max", "largest"))})
 
 
 def fish_masks(scores: Sequence[np.ndarray], fraction: float) -> list[np.ndarray]:
@@ -71,56 +88,167 @@ _SQUARED_GRADIENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 # -- 4. sparse fine-tuning -------------------------------------------------------------------------------
+def lora_rank(model: keras.Model, entries: int) -> int:
+    """The LoRA rank whose adapters on every Dense layer of ``model`` hold about ``entries`` parameters.
+
+    A rank-r adapter of a Dense layer with an n x m kernel holds r * (n + m) parameters.
+    ``lora_rank(mlp(10), 1094) == 1`` (the MLP's adapters hold 1,178 per rank).
+    """
+    per_rank = sum(int(layer.kernel.shape[0] + layer.kernel.shape[1]) for layer in model.layers
+                   if isinstance(layer, keras.layers.Dense))
+    return max(1, int(round(entries / per_rank)))
+
+
+def optimizer_bytes(optimizer: keras.optimizers.Optimizer) -> int:
+    """Bytes of every variable ``optimizer`` holds (``MaskedOptimizer.state_bytes`` for the wrapper). ``optimizer_bytes(adam)``"""
+    if isinstance(optimizer, MaskedOptimizer):
+        return optimizer.state_bytes()
+    return int(sum(int(tf.size(v).numpy()) * tf.as_dtype(v.dtype).size for v in optimizer.variables))
+
+
+def _effective(model: keras.Model) -> list[np.ndarray]:
+    """Each Dense layer's kernel as the forward pass uses it (with LoRA: kernel + scaled A @ B) and its bias."""
+    out = []
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.Dense):
+            out += [np.array(layer.kernel), np.array(layer.bias)]
+    return out
+
+
+def _lora_model(config: RecipesConfig, weights: Sequence[np.ndarray], rank: int, seed: int) -> keras.Model:
+    """The pretrained MLP with ``layer.enable_lora(rank)`` on every Dense layer (seeded adapters), compiled with Adam."""
+    enable_determinism(seed)
+    model = mlp(10, config.hidden)
+    model.set_weights(weights)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.Dense):
+            layer.enable_lora(rank)
+    model.compile(optimizer=make_optimizer("adam", config.learning_rate), loss=LOSS)
+    return model
+
+
+def _sparse_state_model(config: RecipesConfig, weights: Sequence[np.ndarray], masks: Sequence[np.ndarray]):
+    """The pretrained MLP with ``MaskedOptimizer(Adam, state="sparse")`` for the selection ``masks`` (set before build)."""
+    model = mlp(10, config.hidden)
+    model.set_weights(weights)
+    opt = MaskedOptimizer(make_optimizer("adam", config.learning_rate), state="sparse")
+    for v, m in zip(model.trainable_variables, masks):
+        opt.set_mask(v, m)
+    model.compile(optimizer=opt, loss=LOSS)
+    opt.build(model.trainable_variables)
+    return model, opt
+
+
 def sparse_study(config: RecipesConfig, data: MnistSplits, pretrained: Mapping[int, Pretrained]) -> StudyResult:
-    """Fine-tune on digits 5-9: everything, the head only, or the FISH-selected entries. ``sparse_study(cfg, data, pre)``"""
+    """Fine-tune on digits 5-9: everything, the head only, the FISH-selected entries (dense and sparse optimizer state),
+    or LoRA adapters of a comparable size. ``sparse_study(cfg, data, pre)``"""
     _, (x_new, y_new) = old_new(data.x_train, data.y_train)
     rows, selection = [], []
-    for method in SPARSE_METHODS:
-        model = mlp(10, config.hidden)
-        if method == "last_layer":
-            for layer in body_layers(model):
-                layer.trainable = False
-        inner = make_optimizer("adam", config.learning_rate)
-        opt = MaskedOptimizer(inner, policy="hold") if method == "sparse" else inner
-        model.compile(optimizer=opt, loss=LOSS)
-        opt.build(model.trainable_variables)
-        opt_init = snapshot(opt.variables)
-        all_vars = list(model.weights)
-        fractions = config.sparse_fractions if method == "sparse" else [np.nan]
+    chosen: dict[tuple[int, float], list[np.ndarray]] = {}  # (seed, fraction) -> the FISH masks, shared by methods
+    scores: dict[int, list[np.ndarray]] = {}  # seed -> accumulated squared gradients of the pretrained model
+    total = int(mlp(10, config.hidden).count_params())
+    for method in METHODS:
+        fractions = config.sparse_fractions if method in ("sparse", "sparse_state", "lora") else [np.nan]
+        if method in ("full", "last_layer", "sparse"):  # one compiled model for every seed: weights and state reset
+            model = mlp(10, config.hidden)
+            if method == "last_layer":
+                for layer in body_layers(model):
+                    layer.trainable = False
+            inner = make_optimizer("adam", config.learning_rate)
+            opt = MaskedOptimizer(inner, policy="hold") if method == "sparse" else inner
+            model.compile(optimizer=opt, loss=LOSS)
+            opt.build(model.trainable_variables)
+            opt_init = snapshot(opt.variables)
         for seed in config.seeds:
-            scores = None
             for fraction in fractions:
+                rank = None
+                if method in ("sparse", "sparse_state") and (seed, fraction) not in chosen:
+                    if seed not in scores:
+                        enable_determinism(seed)
+                        probe = mlp(10, config.hidden)
+                        probe.set_weights(pretrained[seed].extended)
+                        scores[seed] = squared_gradients(probe, x_new, y_new, config.batch, config.fish_batches, seed)
+                    chosen[(seed, fraction)] = fish_masks(scores[seed], fraction)
+                if method == "sparse_state":
+                    model, opt = _sparse_state_model(config, pretrained[seed].extended, chosen[(seed, fraction)])
+                elif method == "lora":
+                    rank = lora_rank(mlp(10, config.hidden), fraction * total)
+                    model = _lora_model(config, pretrained[seed].extended, rank, seed)
+                    opt = model.optimizer
                 enable_determinism(seed)
-                model.set_weights(pretrained[seed].extended)
-                restore(opt.variables, opt_init)
+                if method in ("full", "last_layer", "sparse"):
+                    model.set_weights(pretrained[seed].extended)
+                    restore(opt.variables, opt_init)
                 acc_before = _accuracies(model, data)
-                trained = {v.path: np.ones(v.shape, bool) for v in model.trainable_variables}
-                if method == "sparse":
-                    if scores is None:
-                        scores = squared_gradients(model, x_new, y_new, config.batch, config.fish_batches, seed)
-                    for v, m in zip(model.trainable_variables, fish_masks(scores, fraction)):
-                        opt.set_mask(v, m)
-                        trained[v.path] = m
-                        if seed == config.seeds[0]:
-                            selection.append({"fraction": fraction, "variable": v.path, "selected": int(m.sum()),
-                                              "entries": int(m.size), "share": float(m.mean())})
-                before = snapshot(all_vars)
+                if method == "lora":
+                    trained = None
+                    trained_entries = int(sum(int(np.prod(v.shape)) for v in model.trainable_variables))
+                else:
+                    trained = {v.path: np.ones(v.shape, bool) for v in model.trainable_variables}
+                    if method in ("sparse", "sparse_state"):
+                        for v, m in zip(model.trainable_variables, chosen[(seed, fraction)]):
+                            trained[v.path] = m
+                            if method == "sparse":
+                                opt.set_mask(v, m)
+                                if seed == config.seeds[0]:
+                                    selection.append({"fraction": fraction, "variable": v.path, "selected": int(m.sum()),
+                                                      "entries": int(m.size), "share": float(m.mean())})
+                    trained_entries = int(sum(m.sum() for m in trained.values()))
+                weights = list(model.weights) if trained is not None else None
+                before = snapshot(weights) if trained is not None else _effective(model)
                 timer = StepTimer()
                 _fit_steps(model, x_new, y_new, config.batch, config.sparse_steps, seed, [timer])
                 changed = outside = 0
-                for v, b in zip(all_vars, before):
-                    diff = changed_bits(b, v.numpy())
-                    changed += int(diff.sum())
-                    outside += int((diff & ~trained.get(v.path, np.zeros(v.shape, bool))).sum())
+                if trained is None:  # LoRA: what the forward pass uses, kernel + A @ B, against the pretrained one;
+                    for b, a in zip(before, _effective(model)):  # it may change every entry of what it adapts
+                        changed += int(changed_bits(b, a).sum())
+                else:
+                    for v, b in zip(weights, before):
+                        diff = changed_bits(b, v.numpy())
+                        changed += int(diff.sum())
+                        outside += int((diff & ~trained.get(v.path, np.zeros(v.shape, bool))).sum())
                 after = _accuracies(model, data)
-                variant = method if method != "sparse" else f"sparse {100 * fraction:g} %"
+                variant = {"sparse": f"sparse {100 * fraction:g} %", "sparse_state": f"sparse state {100 * fraction:g} %",
+                           "lora": f"LoRA r={rank}"}.get(method, method)
                 rows.append({"method": method, "variant": variant, "fraction": fraction, "seed": seed,
-                             "trained_entries": int(sum(m.sum() for m in trained.values())),
-                             "total_entries": int(sum(np.prod(v.shape) for v in all_vars)),
+                             "lora_rank": rank, "trained_entries": trained_entries, "total_entries": total,
                              "changed": changed, "changed_outside_selection": outside,
                              "acc_new": after["acc_new"], "acc_old": after["acc_old"],
                              "acc_old_before": acc_before["acc_old"],
                              "forgetting": acc_before["acc_old"] - after["acc_old"],
                              "step_time_ms": median_ms(timer.times),
-                             "extra_state_bytes": opt.mask_bytes() if method == "sparse" else 0})
+                             "extra_state_bytes": opt.mask_bytes() if isinstance(opt, MaskedOptimizer) else 0,
+                             "optimizer_bytes": optimizer_bytes(opt),
+                             "weights_digest": _digest(model.weights) if method != "lora" else ""})
     return StudyResult(pd.DataFrame(rows), extra={"selection": pd.DataFrame(selection)})
+
+
+def sparse_costs(runs: pd.DataFrame) -> dict:
+    """What each recipe-4 variant costs and whether the sparse state trained the dense state's bits, for metrics.json.
+
+    ``{"variants": {variant: {optimizer_bytes, step_time_ms, step_time_ms_std, trained_entries, changed_mean,
+    lora_rank}}, "by_fraction": {"0.01": {sparse_state_bytes_share, same_bits, lora_variant}}}``;
+    ``sparse_costs(r4.runs)``.
+    """
+    variants = {}
+    for variant, g in runs.groupby("variant", sort=False):
+        rank = g["lora_rank"].iloc[0]
+        variants[variant] = {"method": str(g["method"].iloc[0]),
+                             "optimizer_bytes": float(g["optimizer_bytes"].mean()),
+                             "step_time_ms": float(g["step_time_ms"].mean()),
+                             "step_time_ms_std": float(g["step_time_ms"].std()) if len(g) > 1 else 0.0,
+                             "trained_entries": int(g["trained_entries"].iloc[0]),
+                             "changed_mean": float(g["changed"].mean()),
+                             "lora_rank": None if rank != rank or rank is None else int(rank)}
+    by_fraction = {}
+    for fraction, g in runs[runs["method"].isin(["sparse", "sparse_state", "lora"])].groupby("fraction"):
+        dense, state = g[g["method"] == "sparse"], g[g["method"] == "sparse_state"]
+        pairs = dense.set_index("seed")["weights_digest"].align(state.set_index("seed")["weights_digest"])
+        by_fraction[f"{fraction:g}"] = {
+            "fraction": float(fraction),
+            "dense_variant": str(dense["variant"].iloc[0]), "state_variant": str(state["variant"].iloc[0]),
+            "lora_variant": str(g[g["method"] == "lora"]["variant"].iloc[0]),
+            "sparse_state_bytes_share": float(state["optimizer_bytes"].mean() / dense["optimizer_bytes"].mean()),
+            "same_bits": bool((pairs[0] == pairs[1]).all()),
+        }
+    return {"variants": variants, "by_fraction": by_fraction}

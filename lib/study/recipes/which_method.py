@@ -102,6 +102,7 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
         return sum(times) / len(times) if times else None
 
     sparse = next((k for k in r4.get("methods", {}) if k.startswith("sparse")), "sparse")
+    sparse_state = next(iter((metrics.get("sparse_costs") or {}).get("by_fraction", {}).values()), None)
     rows = [
         ("freeze whole layers for the whole run (fine-tuning)", "layer.trainable = False, then compile (or a var_list)",
          "exact: frozen layers get no gradient and no optimizer state",
@@ -112,7 +113,7 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
          f"exact and optimizer state kept at {_n(recipe(r3, 'mask_schedule', 'boundaries_kept'))} of "
          f"{_n(recipe(r3, 'mask_schedule', 'boundaries'))} stage boundaries",
          f"{_ms(recipe(r3, 'mask_schedule', 'step_time_ms'))}/MLP step vs {_ms(recipe(r3, 'recompile_fresh', 'step_time_ms'))} "
-         "recompiling (frozen layers' gradients are still computed)", "1 byte per variable (scalar masks)",
+         "recompiling (frozen layers' gradients are still computed)", "5 bytes per variable (a scalar mask and its mode)",
          "05 recipe 3; recompiling loses the state, trainable without recompile trains the wrong layers"),
         ("keep some entries of a tensor fixed, fixed mask (new output columns / embedding rows)",
          "MaskedOptimizer(hold) + set_mask", f"bit-exact: {_n(recipe(r1, 'exact'))} of {r1.get('old_entries', '?')} old entries moved",
@@ -130,10 +131,15 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
          f"{_ms(prune_ms('constraint'))} re-zeroing constraint ({p} only, mean over sparsities and seeds)",
          "1 byte per fc1 entry", f"05 recipe 2; a gradient mask moved {_n(recipe(r2, 'gradient_mask', 'moved_min'))} or more "
                                  "pruned entries (carried-over moments)"),
-        ("fine-tune a fixed 1-5 % of entries (FISH-style)", "MaskedOptimizer(hold) + one set_mask per variable",
-         f"exact: {_n(recipe(r4, sparse, 'outside_max'))} entries outside the selection changed",
+        ("fine-tune a fixed 1-5 % of entries (FISH-style)",
+         "MaskedOptimizer(hold, state='sparse'), masks set before build (or the dense state: any mask, any time)",
+         f"exact: {_n(recipe(r4, sparse, 'outside_max'))} entries outside the selection changed; the sparse state "
+         "trains the dense state's bits" + ("" if sparse_state is None else f" ({'yes' if sparse_state['same_bits'] else 'NO'} here)"),
          f"{_ms(recipe(r4, sparse, 'step_time_ms'))}/step vs {_ms(recipe(r4, 'full', 'step_time_ms'))} full fine-tuning",
-         "1 byte per entry", "05 recipe 4"),
+         "dense state: 1 byte of mask per entry; sparse state: optimizer state for the selection only"
+         + ("" if sparse_state is None else f" ({_pct(sparse_state['sparse_state_bytes_share'])} of the dense state's "
+                                            f"bytes at a {_pct(sparse_state['fraction'])} budget)"),
+         "05 recipe 4; Keras' LoRA at a comparable size changes nearly every kernel entry"),
         ("masks that change every step (random sub-networks, block-coordinate)", "MaskedOptimizer(hold, mask_fn=...)",
          f"exact: {_n(recipe(r5, 'exact'))} frozen entry-steps moved",
          f"{_ms(recipe(r5, 'exact', 'step_time_ms'))}/step vs {_ms(recipe(r5, 'naive_gate', 'step_time_ms'))} naive gate",
