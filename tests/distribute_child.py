@@ -81,7 +81,8 @@ def mirrored() -> dict:
     out["replicas"] = strategy.num_replicas_in_sync
 
     # 1. compile + fit with a stored mask, the masked writes as TensorFlow ops and as fused XLA passes
-    for fused in (False, True):
+    for tag, dispatch, fused in (("", False, False), ("dispatch_", True, False), ("fused_", True, True)):
+        _write_path.DISPATCH_ABOVE = 0 if dispatch else 1 << 40  # every variable dispatches on its mode, or none
         _write_path.FUSE_ABOVE = 0 if fused else 1 << 40
         model, opt = model_and_optimizer(strategy)
         kernel = model.get_layer("fc1").kernel
@@ -90,13 +91,13 @@ def mirrored() -> dict:
         before = snapshot(opt, kernel)
         model.fit(X, Y, epochs=2, batch_size=8, verbose=0, shuffle=False)
         after = snapshot(opt, kernel)
-        tag = "fused_" if fused else ""
         out[f"{tag}fit_frozen_changed"] = frozen_changed(before, after, KEEP)
         out[f"{tag}fit_trainable_moved"] = bool(np.all(after[0][0][KEEP] != before[0][0][KEEP]))
         out[f"{tag}fit_replicas_identical"] = replicas_identical(opt, kernel)
         out[f"{tag}fit_functions"] = len(opt._paths[0].fused)
         out[f"{tag}fit_bits"] = hashlib.sha256(after[0][0].tobytes()).hexdigest()
     _write_path.FUSE_ABOVE = 1 << 17
+    _write_path.DISPATCH_ABOVE = 0  # the rest of the checks with every variable dispatching on its mode
     out["fit_mirrored_variables"] = type(kernel.value).__name__
 
     # 2. set_mask from a callback between batches: a new mask every batch, no retrace
@@ -248,6 +249,7 @@ def worker() -> dict:
     task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     out["task"], out["replicas"] = task, strategy.num_replicas_in_sync
     _write_path.FUSE_ABOVE = 0  # every masked write as one fused XLA pass, in both processes
+    _write_path.DISPATCH_ABOVE = 0  # and every variable dispatching on its mode
     model, opt = model_and_optimizer(strategy, inner=lambda: keras.optimizers.Adam(0.05))
     with strategy.scope():
         opt.build(model.trainable_variables)

@@ -73,7 +73,7 @@ def workers(tmp_path_factory) -> list[dict]:
 
 # -- MirroredStrategy, two logical CPU devices ----------------------------------------------------
 
-@pytest.mark.parametrize("write", ["", "fused_"], ids=["tf_where", "fused"])
+@pytest.mark.parametrize("write", ["", "dispatch_", "fused_"], ids=["small", "dispatch", "fused"])
 def test_fit_holds_frozen_bits_on_every_replica_and_replicas_stay_identical(mirrored, write):
     assert mirrored["replicas"] == 2 and mirrored["fit_mirrored_variables"] == "MirroredVariable"
     assert mirrored[f"{write}fit_frozen_changed"] == 0  # value, m and v of every frozen entry, on both replicas
@@ -81,8 +81,8 @@ def test_fit_holds_frozen_bits_on_every_replica_and_replicas_stay_identical(mirr
     assert (mirrored[f"{write}fit_functions"] > 0) == (write == "fused_")
 
 
-def test_fused_masked_writes_give_the_same_bits_under_the_strategy(mirrored):
-    assert mirrored["fused_fit_bits"] == mirrored["fit_bits"]
+def test_every_write_path_gives_the_same_bits_under_the_strategy(mirrored):
+    assert mirrored["fused_fit_bits"] == mirrored["dispatch_fit_bits"] == mirrored["fit_bits"]
 
 
 def test_masks_set_from_a_callback_every_batch_hold_exactly_without_retracing(mirrored):

@@ -18,9 +18,11 @@ from freezing import _masks, _write_path
 from freezing.audit import changed_bits
 
 
-@pytest.fixture(params=["tf_where", "fused"])
+@pytest.fixture(params=["small", "dispatch", "fused"])
 def write(request, monkeypatch):
-    """Run a test with the masked write as TensorFlow ops, and as one XLA-compiled pass for every variable."""
+    """Run a test three ways: with the defaults (these small variables always take the masked update in a graph),
+    with every variable dispatching on its mode, and with that plus every masked write as one XLA-compiled pass."""
+    monkeypatch.setattr(_write_path, "DISPATCH_ABOVE", 1 << 40 if request.param == "small" else 0)
     monkeypatch.setattr(_write_path, "FUSE_ABOVE", 0 if request.param == "fused" else 1 << 40)
     return request.param
 

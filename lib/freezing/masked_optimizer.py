@@ -8,7 +8,8 @@ in the graph from its mask at every step, so a changed mask never retraces (``fr
 no mask -- Keras' own update, nothing extra; wholly frozen -- no update at all, slots untouched;
 some entries frozen -- the masked update, whose writes leave the frozen entries' bits alone; few
 entries frozen -- Keras' own update with the frozen entries' bits saved and put back. Under XLA
-(``jit_compile=True``) every variable takes the masked update, whose selects XLA fuses into it.
+(``jit_compile=True``) every variable takes the masked update, whose selects XLA fuses into it, and so
+does a small variable in any graph (the same bits, cheaper than a conditional).
 No copy of a whole variable or slot is made. What is held, per policy:
 
 * ``"hold"``  -- value, moments (every slot), EMA average and gradient accumulator of a frozen entry
