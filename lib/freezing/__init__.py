@@ -6,7 +6,11 @@ One module per idea:
 * ``gates``            -- ``gate``: ``keep*x + (1-keep)*stop_gradient(x)``.
 * ``slots``            -- ``slots``, ``reset_slots``, ``stash_slots``/``restore_slots``: the seed's manual fix.
 * ``masked_optimizer`` -- ``MaskedOptimizer``: a Keras optimizer whose per-element masks any inner
-                          optimizer honours exactly, in ``compile``/``fit`` and custom loops.
+                          optimizer honours exactly, in ``compile``/``fit``, custom loops and under
+                          ``tf.distribute``; its parts: ``_masks`` (masks and modes as state),
+                          ``_write_path`` (the per-variable update and the masked writes),
+                          ``_sparse_state`` (state for a fixed selection only), ``_distribute``
+                          (what each strategy runs or refuses).
 * ``schedule``         -- ``MaskSchedule``: staged unfreezing inside one ``fit`` call.
 * ``audit``            -- ``FreezeAudit``: how many frozen entries moved, and by how much.
 * ``diagnose``         -- ``diagnose``: every cause that can move entries you believe frozen, and the fix.
@@ -20,7 +24,7 @@ from freezing.audit import FreezeAudit
 from freezing.determinism import enable_determinism
 from freezing.diagnose import CAUSES, Cause, Diagnosis, diagnose
 from freezing.gates import gate
-from freezing.masked_optimizer import NORMS, POLICIES, MaskedOptimizer
+from freezing.masked_optimizer import NORMS, POLICIES, STATES, MaskedOptimizer
 from freezing.schedule import MaskSchedule
 from freezing.selection import select_variables, variable_path
 from freezing.slots import SlotStash, reset_slots, restore_slots, slot_initial_value, slots, stash_slots
@@ -39,6 +43,7 @@ __all__ = [
     "MaskedOptimizer",
     "NORMS",
     "POLICIES",
+    "STATES",
     "SlotStash",
     "diagnose",
     "enable_determinism",

@@ -67,7 +67,6 @@ from freezing._sparse_state import SparseState
 from freezing._wrappers import wrapper_chain
 from freezing._write_path import Context, WritePath, apply_step, in_xla, initial_slot_values
 from freezing.selection import variable_path
-from freezing.slots import slots
 from freezing.validation import check_choice
 
 POLICIES = ("hold", "reset", "none")
