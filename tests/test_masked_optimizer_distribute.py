@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from study.ps.local import free_ports
 
 CHILD = Path(__file__).with_name("distribute_child.py")
 TIMEOUT_S = 600
@@ -50,21 +51,10 @@ def mirrored(tmp_path_factory) -> dict:
     return _run([(["mirrored", str(tmp / "out.json")], {})], tmp)[0]
 
 
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("localhost", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory) -> list[dict]:
     tmp = tmp_path_factory.mktemp("workers")
-    cluster = {"worker": [f"localhost:{p}" for p in _free_ports(2)]}
+    cluster = {"worker": [f"localhost:{p}" for p in free_ports(2)]}
     children = [(["worker", str(tmp / f"out{i}.json")],
                  {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})})
                 for i in range(2)]
