@@ -94,7 +94,8 @@ def pruning(runs: pd.DataFrame) -> plt.Figure:
         top.set(ylabel="fc1 entries exactly zero at the end (%)", title=f"{name}: sparsity kept (points side by side)",
                 ylim=(-5, 100))
         bottom.set(xlabel="target sparsity of fc1 (%)", ylabel="test accuracy (fraction)",
-                   title=f"{name}: accuracy after fine-tuning")
+                   title=f"{name}: accuracy after fine-tuning\n({_noise_note(rows, 'acc_finetuned')})")
+        bottom.title.set_fontsize(10)
     legend = {}  # one legend for all panels, below them: inside a panel it covered the error bars
     for ax in axes[:, 0]:
         for handle, label in zip(*ax.get_legend_handles_labels()):
@@ -103,6 +104,18 @@ def pruning(runs: pd.DataFrame) -> plt.Figure:
                frameon=False)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     return fig
+
+
+def _noise_note(rows: pd.DataFrame, column: str) -> str:
+    """Whether the methods' means of ``column`` differ by less than one standard deviation over seeds, per sparsity."""
+    g = rows.groupby(["sparsity", "method"])[column]
+    spread = g.mean().groupby(level="sparsity").agg(lambda m: m.max() - m.min())
+    noise = g.std().groupby(level="sparsity").max()
+    if noise.isna().all():
+        return "one seed: no spread to compare with"
+    if (spread < noise).all():
+        return f"method means differ by ≤ {spread.max():.3f}, under 1 std: noise"
+    return f"method means differ by ≤ {spread.max():.3f}; largest std {noise.max():.3f}"
 
 
 def unfreezing(curves: pd.DataFrame, every: int, layers: Sequence[str]) -> plt.Figure:
@@ -131,9 +144,9 @@ def unfreezing(curves: pd.DataFrame, every: int, layers: Sequence[str]) -> plt.F
                title="Accuracy at the end of each epoch (mean ± std)\n")
     mom_ax.set(xlabel="epoch (points at each epoch's start and end)", ylabel="L2 norm of the head kernel's Adam momentum",
                title="Optimizer state across stages (first seed)\n")
-    acc_ax.legend(fontsize=8)
-    mom_ax.legend(fontsize=8)
-    fig.tight_layout()
+    handles, labels = mom_ax.get_legend_handles_labels()  # one legend below both panels: inside, it covered lines
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 
 
@@ -160,22 +173,30 @@ def sparse(runs: pd.DataFrame) -> plt.Figure:
     ax.set(xlabel="forgetting: accuracy lost on digits 0-4 (fraction)",
            ylabel="accuracy on digits 5-9 after fine-tuning (fraction)",
            title="Learning vs forgetting (mean ± std)", xlim=(-0.05, 1.05), ylim=(0, 1.05))
-    ax.legend(fontsize=7, loc="lower right")
     cost.set(xscale="log", xlabel="optimizer state (bytes, log scale)", ylabel="median step time (ms)",
              title="What it costs (mean ± std over seeds)")
-    fig.tight_layout()
+    handles, labels = ax.get_legend_handles_labels()  # below both panels: inside, it covered error bars
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.05 * ((len(labels) + 1) // 2), 1, 1))
     return fig
 
 
 def subnetwork(steps: pd.DataFrame, runs: pd.DataFrame) -> plt.Figure:
     """Recipe 5: moved frozen entries accumulated over steps, and final accuracy, per method. ``subnetwork(steps, runs)``"""
     fig, (moved_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1.6, 1]})
+    spreads = []
     for method, g in steps.groupby("method", sort=False):
+        for _, one in g.groupby("seed"):  # thin: each seed
+            moved_ax.plot(one["step"], one["cumulative_moved"] / 1e6, color=COLOURS.get(method), lw=0.8, alpha=0.6)
         s = g.groupby("step")["cumulative_moved"]
-        moved_ax.plot(s.mean().index, s.mean(), color=COLOURS.get(method), label=_label(method), lw=2)
-        moved_ax.fill_between(s.mean().index, s.min(), s.max(), color=COLOURS.get(method), alpha=0.2)
-    moved_ax.set(xlabel="training step", ylabel="entries changed while frozen (cumulative count)",
-                 title="Frozen entries that moved, summed over steps (band: min-max over seeds)")
+        moved_ax.plot(s.mean().index, s.mean() / 1e6, color=COLOURS.get(method), label=_label(method) + " (mean)", lw=2)
+        last = g[g["step"] == g["step"].max()]["cumulative_moved"]
+        if last.mean() > 0 and last.size > 1:
+            spreads.append((last.max() - last.min()) / last.mean())
+    note = (f"seeds' totals within {100 * max(spreads):.1f}% of their mean, so their lines overlap" if spreads
+            else "thin lines: each seed")
+    moved_ax.set(xlabel="training step", ylabel="frozen entry-steps that moved\n(cumulative, millions)",
+                 title=f"Frozen entries that moved, summed over steps\n(thin lines: each seed; {note})")
     moved_ax.legend(fontsize=8)
     methods = list(dict.fromkeys(runs["method"]))
     g = runs.groupby("method", sort=False)["accuracy"]
