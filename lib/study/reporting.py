@@ -239,7 +239,7 @@ def display_table(summary: pd.DataFrame, values: Sequence[str] | Mapping[str, st
 
     ``values`` are shown as 'mean ± std', in order: a list of columns, or a mapping column -> heading.
     ``counts`` holds whole numbers: a list names columns of ``values`` shown as 'mean ± std' with thousands
-    separators; a mapping column -> heading adds columns shown as their range over seeds, 'min-max' (one number
+    separators; a mapping column -> heading adds columns shown as their range over seeds, 'min–max' (one number
     when every seed agrees). ``names`` renames columns at the end.
     ``display_table(s, {"acc_new": "accuracy"}, ["method"], {"moved": "entries moved"})``;
     ``display_table(s, ["acc", "changed"], ["method"], counts=["changed"], names={"acc": "accuracy"})``
@@ -252,7 +252,7 @@ def display_table(summary: pd.DataFrame, values: Sequence[str] | Mapping[str, st
         out[heading] = [(format_count if value in whole else format_mean_std)(m, s) for m, s in pairs]
     for value, heading in (counts.items() if isinstance(counts, Mapping) else ()):
         lo, hi = summary[f"{value}_min"], summary[f"{value}_max"]
-        out[heading] = [f"{int(a):,}" if a == b else f"{int(a):,}-{int(b):,}" for a, b in zip(lo, hi)]
+        out[heading] = [f"{int(a):,}" if a == b else f"{int(a):,}–{int(b):,}" for a, b in zip(lo, hi)]  # en dash
     return out.set_index(list(index)).rename(columns=dict(names or {}))
 
 

@@ -23,7 +23,7 @@ from study.optimizers import make_optimizer
 from study.training import LOSS, StepTimer, accuracy, median_ms, restore, snapshot
 from study.recipes.setup import (
     CopyBack, PRUNED_LAYER, PRUNE_METHODS, RecipesConfig, StudyResult, _POLICY, _diagnosis_rows, _digest,
-    _fit_steps, _momentum_nonzero, _moved,
+    _fit_steps, _momentum, _momentum_nonzero, _moved,
 )
 
 
@@ -98,8 +98,13 @@ def dense_cnn(state: CnnState, optimizer: str = "adam", learning_rate: float = 1
 
 
 def pruning_study(config: RecipesConfig, data: MnistSplits, states: Mapping[int, CnnState]) -> StudyResult:
-    """Prune fc1 to each sparsity, fine-tune with the dense run's Adam/AdamW state; one row per run. ``pruning_study(cfg, data, states)``"""
-    rows, diagnosis, pruned_acc, acc_by_weights, masks = [], [], {}, {}, {}
+    """Prune fc1 to each sparsity, fine-tune with the dense run's Adam/AdamW state; one row per run.
+
+    ``extra["fresh_gradient_mask"]``: the gradient mask once more per optimizer and seed, at the highest sparsity,
+    with the optimizer's state reset to that of a new optimizer (zero moments, step 0) instead of the dense
+    run's. ``pruning_study(cfg, data, states)``
+    """
+    rows, diagnosis, pruned_acc, acc_by_weights, masks, fresh_rows = [], [], {}, {}, {}, []
     for name in config.prune_optimizers:
         for method in PRUNE_METHODS:
             model = deep_mnist_cnn()
@@ -114,6 +119,7 @@ def pruning_study(config: RecipesConfig, data: MnistSplits, states: Mapping[int,
                 opt = MaskedOptimizer(inner, policy=_POLICY[method])
             model.compile(optimizer=opt, loss=LOSS)
             opt.build(model.trainable_variables)
+            fresh = snapshot(opt.variables)  # a new optimizer's state: zero moments, step 0
             for seed in config.seeds:
                 for sparsity in config.sparsities:
                     enable_determinism(seed)
@@ -130,6 +136,7 @@ def pruning_study(config: RecipesConfig, data: MnistSplits, states: Mapping[int,
                     if key not in pruned_acc:
                         pruned_acc[key] = _eval_cnn(model, data, config.prune_eval_samples)
                     momentum_at_start = _momentum_nonzero(inner, fc1.kernel, ~keep)
+                    m_start = _momentum(inner, fc1.kernel)
                     if seed == config.seeds[0] and sparsity == config.sparsities[0]:
                         diagnosis += _diagnosis_rows(f"2 pruning, {name}", method,
                                                      freezing.diagnose(model, {fc1.kernel.path: ~keep}))
@@ -141,18 +148,35 @@ def pruning_study(config: RecipesConfig, data: MnistSplits, states: Mapping[int,
                     digest = _digest(model.trainable_variables)
                     if digest not in acc_by_weights:  # bit-identical weights have the same accuracy
                         acc_by_weights[digest] = _eval_cnn(model, data, config.prune_eval_samples)
+                    m_changed = _moved(m_start, _momentum(inner, fc1.kernel), ~keep)
                     extra = opt.mask_bytes() if constraint is None else constraint.state_bytes()
                     rows.append({"optimizer": name, "method": method, "seed": seed, "sparsity": sparsity,
                                  "pruned": int((~keep).sum()), "moved": _moved(before, after, ~keep),
                                  "sparsity_kept": float(np.mean(after == 0)),
-                                 "momentum_nonzero_at_start": momentum_at_start,
+                                 "momentum_nonzero_at_start": momentum_at_start, "momentum_changed": m_changed,
                                  "acc_dense": states[seed].accuracy, "acc_pruned": pruned_acc[key],
                                  "acc_finetuned": acc_by_weights[digest],
                                  "step_time_ms": median_ms(timer.times), "extra_state_bytes": extra,
                                  "weights": digest})
+            if method == "gradient_mask":  # the same mask with a new optimizer's state instead of the dense run's
+                sparsity = max(config.sparsities)
+                for seed in config.seeds:
+                    enable_determinism(seed)
+                    load_cnn_state(model, opt, states[seed])
+                    restore(opt.variables, fresh)
+                    keep = masks[(seed, sparsity)]
+                    fc1.kernel.assign(np.where(keep, fc1.kernel.numpy(), np.float32(0)))
+                    opt.set_mask(fc1.kernel, keep)
+                    before = fc1.kernel.numpy().copy()
+                    nonzero = _momentum_nonzero(inner, fc1.kernel, ~keep)
+                    _fit_steps(model, data.x_train, data.y_train, config.prune_batch, config.prune_steps, seed + 1000)
+                    fresh_rows.append({"optimizer": name, "seed": seed, "sparsity": sparsity,
+                                       "pruned": int((~keep).sum()), "momentum_nonzero_at_start": nonzero,
+                                       "moved": _moved(before, fc1.kernel.numpy(), ~keep)})
     runs = pd.DataFrame(rows)
     ref = runs[runs["method"] == "exact"].set_index(["optimizer", "seed", "sparsity"])["weights"]
     runs["same_weights_as_exact"] = [
         w == ref.get((o, s, p)) for o, s, p, w in zip(runs["optimizer"], runs["seed"], runs["sparsity"], runs["weights"])]
     dense_ms = float(np.mean([s.step_time_ms for s in states.values()]))
-    return StudyResult(runs.drop(columns="weights"), pd.DataFrame(diagnosis), {"dense_adam_step_time_ms": dense_ms})
+    return StudyResult(runs.drop(columns="weights"), pd.DataFrame(diagnosis),
+                       {"dense_adam_step_time_ms": dense_ms, "fresh_gradient_mask": pd.DataFrame(fresh_rows)})

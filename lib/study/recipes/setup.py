@@ -63,6 +63,7 @@ COLUMNS = {
     "moved": "entries that changed their bits while they had to stay fixed (count; recipe 5: entry-steps)",
     "sparsity_kept": "share of fc1's kernel exactly zero after fine-tuning (fraction)",
     "momentum_nonzero_at_start": "pruned entries whose carried-over momentum is not 0 when fine-tuning starts (count)",
+    "momentum_changed": "pruned entries whose first moment (momentum) changed its bits during fine-tuning (count)",
     "finished": "the run finished without an error (bool)",
     "error": "the error that stopped the run (first sentence)",
     "frozen_moved": "entries of still-frozen layers that changed before their stage (count)",
@@ -100,7 +101,9 @@ COLUMNS = {
     "memory": "state the method adds", "evidence": "where the numbers come from (study and run)",
     "scenario": "what was done to layer a, in order", "layer a should": "what the user meant",
     "layer a did": "what layer a did in the last fit", "entries of a changed": "changed entries of a's kernel",
-    "as expected": "did == should (bool)", "diagnose names": "causes freezing.diagnose named before the last fit",
+    "as expected": "did == should (bool)",
+    "diagnose names": "causes freezing.diagnose named before the last fit ((none): it found none; (not asked): a "
+                      "should train and the optimizer knows it)",
 }
 """Meaning and unit of every column this study's tables have (``reporting.save_table(..., columns=COLUMNS)``)."""
 for _layer in ("head", *(f"fc{i}" for i in range(1, 9))):
@@ -306,6 +309,11 @@ def _digest(variables: Sequence[Any]) -> str:
 
 def _moved(before: np.ndarray, after: np.ndarray, frozen: np.ndarray) -> int:
     return int((changed_bits(before, after) & np.broadcast_to(frozen, before.shape)).sum())
+
+
+def _momentum(optimizer: Any, variable: Any) -> np.ndarray:
+    """A copy of ``variable``'s first moment (momentum) in ``optimizer``."""
+    return slots(optimizer, variable)["momentum"].numpy().copy()
 
 
 def _momentum_nonzero(optimizer: Any, variable: Any, frozen: np.ndarray) -> int:

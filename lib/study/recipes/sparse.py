@@ -208,7 +208,7 @@ def sparse_study(config: RecipesConfig, data: MnistSplits, pretrained: Mapping[i
                         changed += int(diff.sum())
                         outside += int((diff & ~trained.get(v.path, np.zeros(v.shape, bool))).sum())
                 after = _accuracies(model, data)
-                variant = {"sparse": f"sparse {100 * fraction:g} %", "sparse_state": f"sparse state {100 * fraction:g} %",
+                variant = {"sparse": f"sparse {100 * fraction:g}%", "sparse_state": f"sparse state {100 * fraction:g}%",
                            "lora": f"LoRA r={rank}"}.get(method, method)
                 rows.append({"method": method, "variant": variant, "fraction": fraction, "seed": seed,
                              "lora_rank": rank, "trained_entries": trained_entries, "total_entries": total,

@@ -7,7 +7,8 @@ from typing import Any
 
 import pandas as pd
 
-from study.reporting import format_mean_std
+from study.prose import pct
+from study.reporting import format_count, format_mean_std
 from study.recipes.setup import NEW_COLUMN_METHODS, SUBNET_METHODS, StudyResult
 
 
@@ -35,7 +36,6 @@ def recipe_metrics(r1: StudyResult, r2: StudyResult, r3: StudyResult, r4: StudyR
         return out
 
     new = r1.runs
-    pr = r2.runs
     un = r3.runs
     sp = r4.runs
     sn = r5.runs
@@ -51,7 +51,10 @@ def recipe_metrics(r1: StudyResult, r2: StudyResult, r3: StudyResult, r4: StudyR
                             "boundaries": int(len(b) / max(g["seed"].nunique(), 1)),
                             "boundaries_kept": int(b["kept"].sum() / max(g["seed"].nunique(), 1)) if len(b) else 0,
                             "momentum_norm_after_min": float(b["norm_after"].min()) if len(b) else float("nan"),
-                            "step_time_ms": float(g["step_time_ms"].mean()), "seeds": int(g["seed"].nunique())}
+                            "raised_at_stage": None if g["finished"].all() else  # 1-based: the stage whose fit raised
+                            int(len(b) / max(g["seed"].nunique(), 1)) + 1,
+                            "step_time_ms": float(g["step_time_ms"].mean()), "seeds": int(g["seed"].nunique()),
+                            "extra_state_bytes": int(g["extra_state_bytes"].max())}
     return {
         "new_columns": {
             "optimizer": str(new["optimizer"].iloc[0]), "old_entries": int(new["old_entries"].iloc[0]),
@@ -59,33 +62,69 @@ def recipe_metrics(r1: StudyResult, r2: StudyResult, r3: StudyResult, r4: StudyR
                                                      "frozen_momentum_nonzero", "old_max_relative_change"]),
             "constraint_same_weights_as_exact": bool(new[new["method"] == "constraint"]["same_weights_as_exact"].all()),
             "diagnose": _causes(r1.diagnosis)},
-        "pruning": {
-            "headline_optimizer": str(pr["optimizer"].iloc[0]),
-            "methods": per_method(pr, "moved", ["acc_finetuned", "sparsity_kept", "momentum_nonzero_at_start"]),
-            "by_optimizer": {f"{o}/{m}/{s:g}": {"moved_min": int(g["moved"].min()), "moved_max": int(g["moved"].max()),
-                                                "pruned": int(g["pruned"].iloc[0]),
-                                                "sparsity_kept_min": float(g["sparsity_kept"].min()),
-                                                "acc_finetuned": float(g["acc_finetuned"].mean()),
-                                                "acc_finetuned_std": float(g["acc_finetuned"].std()),
-                                                "step_time_ms": float(g["step_time_ms"].mean())}
-                             for (o, m, s), g in pr.groupby(["optimizer", "method", "sparsity"], sort=False)},
-            "pruned_still_zero": {m: float((1 - g["moved"] / g["pruned"]).min())
-                                  for m, g in pr.groupby("method", sort=False)},
-            "constraint_same_weights_as_exact": bool(pr[pr["method"] == "constraint"]["same_weights_as_exact"].all()),
-            "dense_adam_step_time_ms": r2.extra.get("dense_adam_step_time_ms"),
-            "diagnose": _causes(r2.diagnosis)},
+        "pruning": _pruning_metrics(r2),
         "unfreezing": {"methods": unfreeze, "diagnose": _causes(r3.diagnosis)},
         "sparse": {"methods": {
             v: {
                 "outside_max": int(g["changed_outside_selection"].max()), "changed_mean": float(g["changed"].mean()),
+                "method": str(g["method"].iloc[0]), "fraction": _float_or_none(g["fraction"].iloc[0]),
+                "lora_rank": None if g["lora_rank"].isna().all() else int(g["lora_rank"].iloc[0]),
                 "trained_entries": int(g["trained_entries"].iloc[0]), "total_entries": int(g["total_entries"].iloc[0]),
                 "acc_new": float(g["acc_new"].mean()), "acc_new_std": float(g["acc_new"].std()),
                 "forgetting": float(g["forgetting"].mean()), "forgetting_std": float(g["forgetting"].std()),
                 "step_time_ms": float(g["step_time_ms"].mean()), "seeds": int(g["seed"].nunique())}
             for v, g in sp.groupby("variant", sort=False)}},
-        "subnetwork": {"methods": per_method(sn, "moved", ["accuracy", "frozen"]), "diagnose": _causes(r5.diagnosis)},
+        "subnetwork": {"p": float(sn["p"].iloc[0]),
+                       "methods": per_method(sn, "moved", ["accuracy", "frozen", "moved"]),
+                       "diagnose": _causes(r5.diagnosis)},
         "traps": traps.to_dict(orient="records"),
     }
+
+
+def _float_or_none(x: Any) -> float | None:
+    return None if x is None or x != x else float(x)
+
+
+def _pruning_metrics(r2: StudyResult) -> dict[str, Any]:
+    """Recipe 2's numbers, never pooled over optimizers: per optimizer/method/sparsity (``by_optimizer``), per
+    optimizer and method over sparsities and seeds (``per_optimizer``), and the fresh-optimizer check."""
+    pr = r2.runs
+    by_optimizer = {}
+    for (o, m, s), g in pr.groupby(["optimizer", "method", "sparsity"], sort=False):
+        by_optimizer[f"{o}/{m}/{s:g}"] = {
+            "moved_min": int(g["moved"].min()), "moved_max": int(g["moved"].max()),
+            "moved_mean": float(g["moved"].mean()), "moved_std": float(g["moved"].std()),
+            "pruned": int(g["pruned"].iloc[0]),
+            "sparsity_kept": float(g["sparsity_kept"].mean()), "sparsity_kept_min": float(g["sparsity_kept"].min()),
+            "momentum_changed_min": int(g["momentum_changed"].min()),
+            "acc_finetuned": float(g["acc_finetuned"].mean()), "acc_finetuned_std": float(g["acc_finetuned"].std()),
+            "step_time_ms": float(g["step_time_ms"].mean()), "step_time_ms_std": float(g["step_time_ms"].std()),
+            "seeds": int(g["seed"].nunique())}
+    per_optimizer: dict[str, dict[str, Any]] = {}
+    for (o, m), g in pr.groupby(["optimizer", "method"], sort=False):
+        per_optimizer.setdefault(o, {})[m] = {  # over this optimizer's sparsities and seeds
+            "moved_min": int(g["moved"].min()), "moved_max": int(g["moved"].max()),
+            "still_zero_min": float((1 - g["moved"] / g["pruned"]).min()),
+            "momentum_changed_min": int(g["momentum_changed"].min()),
+            "momentum_changed_max": int(g["momentum_changed"].max()),
+            "momentum_changed_share_min": float((g["momentum_changed"] / g["pruned"]).min()),
+            "step_time_ms": float(g["step_time_ms"].mean()),
+            "extra_state_bytes": int(g["extra_state_bytes"].max()), "runs": int(len(g))}
+    fresh = r2.extra.get("fresh_gradient_mask", pd.DataFrame())
+    diagnosis = r2.diagnosis
+    return {
+        "headline_optimizer": str(pr["optimizer"].iloc[0]),
+        "by_optimizer": by_optimizer,
+        "per_optimizer": per_optimizer,
+        "fresh_gradient_mask": {o: {"moved_max": int(g["moved"].max()), "pruned": int(g["pruned"].iloc[0]),
+                                    "sparsity": float(g["sparsity"].iloc[0]),
+                                    "momentum_nonzero_at_start_max": int(g["momentum_nonzero_at_start"].max()),
+                                    "seeds": int(g["seed"].nunique())}
+                                for o, g in fresh.groupby("optimizer", sort=False)} if len(fresh) else {},
+        "constraint_same_weights_as_exact": bool(pr[pr["method"] == "constraint"]["same_weights_as_exact"].all()),
+        "dense_adam_step_time_ms": r2.extra.get("dense_adam_step_time_ms"),
+        "diagnose": {recipe.split(", ")[-1]: _causes(g) for recipe, g in diagnosis.groupby("recipe", sort=False)}
+        if len(diagnosis) else {}}
 
 
 def _causes(diagnosis: pd.DataFrame) -> dict[str, list[str]]:
@@ -94,38 +133,73 @@ def _causes(diagnosis: pd.DataFrame) -> dict[str, list[str]]:
     return {m: sorted(set(g["cause"]) - {"(none)"}) for m, g in diagnosis.groupby("method", sort=False)}
 
 
+_LABELS = {"gradient_mask": "gradient mask (zeroed gradient)", "constraint": "re-zeroing constraint",
+           "exact": "exact mask (MaskedOptimizer)", "naive_gate": "naive gate (zeroed gradient)",
+           "mask_schedule": "MaskSchedule in one fit", "recompile_fresh": "recompile with a new optimizer per stage",
+           "trainable_flip": "flip trainable between fits, no recompile", "full": "full fine-tuning",
+           "last_layer": "last layer only", "sparse": "FISH-selected", "sparse_state": "FISH-selected"}
+_OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW"}
+
+
+def _sparse_label(variant: str, r: Mapping[str, Any]) -> str:
+    method = r.get("method", variant)
+    if method in ("sparse", "sparse_state"):
+        state = "dense optimizer state" if method == "sparse" else "sparse optimizer state"
+        return f"FISH-selected {pct(r['fraction'], 0)} of entries, {state}"
+    if method == "lora":
+        return f"Keras LoRA (enable_lora), rank {r['lora_rank']}"
+    return _LABELS.get(method, variant)
+
+
 def headline(metrics: Mapping[str, Any], source: str) -> dict[str, str]:
-    """The numbers ``results/SUMMARY.md`` shows for this study, as text. ``headline(metrics, data.source)``"""
+    """The numbers ``results/SUMMARY.md`` shows for this study, as text. ``headline(metrics, data.source)``
+
+    Each label names its statistic (mean ± std over seeds, or max over seeds) and a count and what it is out
+    of use the same statistic.
+    """
     r1, r2, r3, r4, r5 = (metrics[k] for k in ("new_columns", "pruning", "unfreezing", "sparse", "subnetwork"))
     m1, m3, m5 = r1["methods"], r3["methods"], r5["methods"]
     out = {"data": source}
-    key = f"1 new columns ({r1['optimizer']}): old entries moved, gradient mask / constraint / exact"
-    out[f"{key} (of {r1['old_entries']})"] = " / ".join(str(m1[m]["moved_max"]) for m in NEW_COLUMN_METHODS)
-    out["1 new columns, exact: accuracy on digits 5-9 / 0-4 (10-way)"] = \
+    opt1 = _OPTIMIZERS.get(r1["optimizer"], r1["optimizer"])
+    out[f"1 new output columns under {opt1}: old entries changed, max over seeds (of {r1['old_entries']:,}), "
+        "gradient mask / copy-back constraint / exact mask"] = " / ".join(
+            f"{m1[m]['moved_max']:,}" for m in NEW_COLUMN_METHODS)
+    out["1 new output columns, exact mask: test accuracy on digits 5-9 / 0-4 (10-way), mean ± std"] = \
         f"{format_mean_std(m1['exact']['acc_new'], m1['exact']['acc_new_std'])} / " \
         f"{format_mean_std(m1['exact']['acc_old'], m1['exact']['acc_old_std'])}"
+    top = max(float(k.split("/")[2]) for k in r2["by_optimizer"])
     for key, row in r2["by_optimizer"].items():
         name, method, sparsity = key.split("/")
-        if float(sparsity) == max(float(k.split("/")[2]) for k in r2["by_optimizer"]):
-            key = f"2 pruning fc1 to {100 * float(sparsity):.0f} %, {name}, {method}"
-            out[f"{key}: pruned entries moved (of {row['pruned']:,}) / accuracy / step time (ms)"] = (
-                f"{row['moved_max']:,} / {format_mean_std(row['acc_finetuned'], row['acc_finetuned_std'])} / "
-                f"{row['step_time_ms']:.0f}")
+        if float(sparsity) == top:
+            label = (f"2 pruning fc1 to {pct(float(sparsity), 0)}, fine-tuned by {_OPTIMIZERS.get(name, name)} with the "
+                     f"dense run's state, {_LABELS.get(method, method)}")
+            out[f"{label}: pruned entries moved (of {row['pruned']:,}) / test accuracy / median step time (ms), "
+                "mean ± std over seeds"] = (
+                f"{format_count(row['moved_mean'], row['moved_std'])} / "
+                f"{format_mean_std(row['acc_finetuned'], row['acc_finetuned_std'])} / "
+                f"{format_mean_std(row['step_time_ms'], row['step_time_ms_std'])}")
     for method in ("mask_schedule", "recompile_fresh", "trainable_flip"):
         if method in m3:
             r = m3[method]
-            out[f"3 gradual unfreezing, {method}: accuracy on 5-9 / optimizer state kept at stage boundaries"] = \
+            out[f"3 gradual unfreezing, {_LABELS[method]}: test accuracy on 5-9 (mean ± std) / stage boundaries "
+                "with the optimizer state kept"] = \
                 f"{format_mean_std(r['acc_new'], r['acc_new_std'])} / {r['boundaries_kept']} of {r['boundaries']}" + \
-                ("" if r["unfrozen_trained"] else " (unfrozen layers did not train)")
+                ("" if r["unfrozen_trained"] else " (the unfrozen layers did not train)")
     if "recompile_same" in m3:
-        error = m3["recompile_same"]["error"]
-        out["3 gradual unfreezing, recompile with the same optimizer"] = error.split(":")[0] or "no error"
-    for key, r in r4["methods"].items():
-        out[f"4 {key}: accuracy on 5-9 / forgetting of 0-4 / entries changed (of {r['total_entries']:,})"] = \
+        r = m3["recompile_same"]
+        error = r["error"].split(":")[0]
+        out["3 gradual unfreezing, recompile with the same optimizer per stage"] = (
+            f"raised '{error}' at stage {r['raised_at_stage']} (no result)" if error else "finished")
+    for variant, r in r4["methods"].items():
+        out[f"4 sparse fine-tuning comparison, {_sparse_label(variant, r)}: test accuracy on 5-9 / forgetting of 0-4 "
+            f"(mean ± std) / entries changed (mean, of {r['total_entries']:,})"] = \
             f"{format_mean_std(r['acc_new'], r['acc_new_std'])} / " \
             f"{format_mean_std(r['forgetting'], r['forgetting_std'])} / {r['changed_mean']:,.0f}"
     for method in SUBNET_METHODS:
         r = m5[method]
-        out[f"5 random units, adam, {method}: frozen entry-steps moved / accuracy"] = \
-            f"{r['moved_max']:,} of {r['frozen']:,.0f} / {format_mean_std(r['accuracy'], r['accuracy_std'])}"
+        out[f"5 each unit trains with probability {r5['p']:g} at each step (mask_fn, Adam), {_LABELS[method]}: "
+            "frozen entry-steps (entries × steps frozen) that moved, of those frozen / test accuracy, "
+            "mean ± std over seeds"] = \
+            f"{format_count(r['moved'], r['moved_std'])} of {format_count(r['frozen'], r['frozen_std'])} / " \
+            f"{format_mean_std(r['accuracy'], r['accuracy_std'])}"
     return out

@@ -138,6 +138,9 @@ def unfreezing_study(config: RecipesConfig, data: MnistSplits, pretrained: Mappi
                     elif method == "trainable_flip":
                         compiled = flip
                         _set_stage(flip.layers, stage)  # the trap: the flags change, nothing is recompiled
+                        if stage == 1 and seed == config.seeds[0]:  # the layer just unfrozen, before its first fit
+                            diagnosis += _diagnosis_rows("3 unfreezing", method,
+                                                         freezing.diagnose(flip.model, [flip.layers[-1 - stage]]))
                     else:
                         compiled = same
                         if stage > 0:
@@ -234,7 +237,7 @@ def trainable_traps(seed: int = 0) -> pd.DataFrame:
     def observe(scenario: str, should: str, m: keras.Model, batch: int = 16) -> None:
         opt = m.optimizer
         unknown = opt.built and any(opt._var_key(v) not in opt._trainable_variables_indices for v in m.trainable_variables)
-        causes = ""
+        causes = "(not asked)"  # a should train and the optimizer knows it: nothing to diagnose
         if should == "stay" or unknown:
             causes = ", ".join(sorted(freezing.diagnose(m, [m.get_layer("a")]).causes)) or "(none)"
         w0 = m.get_layer("a").kernel.numpy().copy()

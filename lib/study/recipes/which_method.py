@@ -47,7 +47,7 @@ def _n(value: Any) -> str:
 
 
 def _pct(value: Any) -> str:
-    return "n/a" if value is None else f"{100 * float(value):.1f} %"
+    return "n/a" if value is None else f"{100 * float(value):.1f}%"
 
 
 def _ms(value: Any) -> str:
@@ -93,16 +93,16 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
         return _get(m, "methods", method, key)
 
     p = r2.get("headline_optimizer", "adam")
+    p2 = (r2.get("per_optimizer") or {}).get(p, {})  # recipe 2 under optimizer p only, never pooled with another
 
-    def prune_ms(method: str) -> Any:
-        """The pruning step time of ``method`` under optimizer ``p`` only (by_optimizer keys are opt/method/sparsity)."""
-        times = [row.get("step_time_ms") for key, row in (r2.get("by_optimizer") or {}).items()
-                 if key.split("/")[:2] == [p, method]]
-        times = [x for x in times if _number(x) is not None]
-        return sum(times) / len(times) if times else None
+    def prune(method: str, key: str) -> Any:
+        """Recipe 2's ``key`` for ``method`` under optimizer ``p`` (over its sparsities and seeds)."""
+        return _get(p2, method, key)
 
     sparse = next((k for k in r4.get("methods", {}) if k.startswith("sparse")), "sparse")
-    sparse_state = next(iter((metrics.get("sparse_costs") or {}).get("by_fraction", {}).values()), None)
+    by_fraction = (metrics.get("sparse_costs") or {}).get("by_fraction", {})
+    sparse_state = next(iter(by_fraction.values()), None)
+    budgets = " or ".join(_pct(c["fraction"]).replace(".0%", "%") for c in by_fraction.values()) or "a small share"
     rows = [
         ("freeze whole layers for the whole run (fine-tuning)", "layer.trainable = False, then compile (or a var_list)",
          "exact: frozen layers get no gradient and no optimizer state",
@@ -113,7 +113,8 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
          f"exact and optimizer state kept at {_n(recipe(r3, 'mask_schedule', 'boundaries_kept'))} of "
          f"{_n(recipe(r3, 'mask_schedule', 'boundaries'))} stage boundaries",
          f"{_ms(recipe(r3, 'mask_schedule', 'step_time_ms'))}/MLP step vs {_ms(recipe(r3, 'recompile_fresh', 'step_time_ms'))} "
-         "recompiling (frozen layers' gradients are still computed)", "5 bytes per variable (a scalar mask and its mode)",
+         "recompiling (frozen layers' gradients are still computed)",
+         f"{_n(recipe(r3, 'mask_schedule', 'extra_state_bytes'))} bytes in all (a scalar mask and a mode per variable)",
          "05 recipe 3; recompiling loses the state, trainable without recompile trains the wrong layers"),
         ("keep some entries of a tensor fixed, fixed mask (new output columns / embedding rows)",
          "MaskedOptimizer(hold) + set_mask", f"bit-exact: {_n(recipe(r1, 'exact'))} of {r1.get('old_entries', '?')} old entries moved",
@@ -126,12 +127,13 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
          f"{_ms(recipe(r1, 'constraint', 'step_time_ms'))}/step",
          f"{_n(recipe(r1, 'constraint', 'extra_state_bytes'))} bytes (a copy of the values + mask)", "05 recipe 1"),
         ("pruned weights stay zero while fine-tuning", "MaskedOptimizer(hold) + set_mask(fc1.kernel, keep)",
-         f"bit-exact: {_pct(_get(r2, 'pruned_still_zero', 'exact'))} of pruned entries still zero",
-         f"{_ms(prune_ms('exact'))}/CNN step vs {_ms(prune_ms('gradient_mask'))} gradient mask, "
-         f"{_ms(prune_ms('constraint'))} re-zeroing constraint ({p} only, mean over sparsities and seeds)",
-         "1 byte per fc1 entry", f"05 recipe 2; a gradient mask moved {_n(recipe(r2, 'gradient_mask', 'moved_min'))} or more "
-                                 "pruned entries (carried-over moments)"),
-        ("fine-tune a fixed 1-5 % of entries (FISH-style)",
+         f"bit-exact: {_pct(prune('exact', 'still_zero_min'))} of pruned entries still zero (fewest of {p}'s runs)",
+         f"{_ms(prune('exact', 'step_time_ms'))}/CNN step vs {_ms(prune('gradient_mask', 'step_time_ms'))} gradient mask, "
+         f"{_ms(prune('constraint', 'step_time_ms'))} re-zeroing constraint ({p} only, mean over sparsities and seeds)",
+         f"{_n(prune('exact', 'extra_state_bytes'))} bytes of masks (1 per fc1 kernel entry)",
+         f"05 recipe 2; under {p} a gradient mask moved {_n(prune('gradient_mask', 'moved_min'))} or more pruned "
+         "entries in every run (carried-over moments)"),
+        (f"fine-tune a fixed {budgets} of entries (FISH-style)",
          "MaskedOptimizer(hold, state='sparse'), masks set before build (or the dense state: any mask, any time)",
          f"exact: {_n(recipe(r4, sparse, 'outside_max'))} entries outside the selection changed; the sparse state "
          "trains the dense state's bits" + ("" if sparse_state is None else f" ({'yes' if sparse_state['same_bits'] else 'NO'} here)"),
@@ -143,8 +145,10 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
         ("masks that change every step (random sub-networks, block-coordinate)", "MaskedOptimizer(hold, mask_fn=...)",
          f"exact: {_n(recipe(r5, 'exact'))} frozen entry-steps moved",
          f"{_ms(recipe(r5, 'exact', 'step_time_ms'))}/step vs {_ms(recipe(r5, 'naive_gate', 'step_time_ms'))} naive gate",
-         "nothing stored (computed in the graph)",
-         f"05 recipe 5; the naive gate moved {_n(recipe(r5, 'naive_gate', 'moved_min'))} or more; 02: "
+         f"{_n(recipe(r5, 'exact', 'extra_state_bytes'))} bytes in all: no mask is stored (a placeholder and a mode "
+         "per variable), mask_fn computes each step's masks in the graph",
+         f"05 recipe 5; the naive gate moved {_n(recipe(r5, 'naive_gate', 'moved_min'))} or more frozen entry-steps "
+         "in every seed; 02: "
          + (f"adam hold changed {hold02:,.0f} entries" if hold02 is not None else missing)),
         ("a zero gradient / stop_gradient mask (what people do today)", "gate(x, keep), tf.where(keep, g, 0)",
          "exact only where the update depends on the current gradient alone (plain SGD, Adagrad, ...)",
