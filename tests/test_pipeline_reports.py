@@ -347,7 +347,8 @@ SMOKE_01 = ["--profile", "smoke", "--only", "01_adam_drift", "--timeout", "600"]
 
 
 def _pipeline_cmd(out: Path) -> list[str]:
-    return [sys.executable, "-m", "study.pipeline", *SMOKE_01, "--out", str(out)]
+    """01 on smoke parameters, forced: the copied results hold 01 under the same cache key, so it would be reused."""
+    return [sys.executable, "-m", "study.pipeline", *SMOKE_01, "--out", str(out), "--force"]
 
 
 def _env() -> dict[str, str]:
