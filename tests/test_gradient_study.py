@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import tensorflow as tf
 
-from study import gradient_study
+from study import gradient_study, staleness
 from study.data import load_mnist
 
 
@@ -50,7 +50,7 @@ def test_quadratic_writes_tensorboard_scalars_and_is_exact(tmp_path):
     ("adagrad", lambda: keras.optimizers.Adagrad(0.1)),
 ])
 def test_the_staleness_optimizers_are_keras_own_update_rules(data, name, keras_optimizer):
-    trainer = gradient_study.StaleTrainer(data, name, seeds=[0, 1], steps=10, eval_every=10, tau_max=1)
+    trainer = staleness.StaleTrainer(data, name, seeds=[0, 1], steps=10, eval_every=10, tau_max=1)
     for slot in trainer.slots:
         for v in slot:
             v.assign(tf.fill(v.shape, 0.1 if name == "adagrad" and slot is trainer.slots[0] else 0.0))
@@ -66,7 +66,7 @@ def test_the_staleness_optimizers_are_keras_own_update_rules(data, name, keras_o
 
 
 def test_stale_gradients_slow_training_and_tau_zero_is_plain_training(data):
-    trainer = gradient_study.StaleTrainer(data, "sgd", seeds=[0, 1], steps=60, eval_every=20, tau_max=16)
+    trainer = staleness.StaleTrainer(data, "sgd", seeds=[0, 1], steps=60, eval_every=20, tau_max=16)
     fresh, late = trainer.run(0.5, 0), trainer.run(0.5, 16)
     assert fresh.shape == (3, 2) and (fresh[-1] > 0.6).all() and (late[-1] < fresh[-1]).all()
     np.testing.assert_array_equal(trainer.run(0.5, 0), fresh)  # a rerun restarts from the same state
@@ -82,10 +82,10 @@ def test_dai_check_compares_each_optimizer_at_its_best_undelayed_rate():
                     rows.append({"optimizer": name, "learning_rate": lr, "tau": tau, "seed": seed, "updates": updates,
                                  "accuracy": acc + 0.01 * seed})
     curves = pd.DataFrame(rows)
-    assert gradient_study.best_learning_rates(curves) == {"adam": 0.01, "sgd": 0.1}
-    check = gradient_study.dai_check(curves, target=0.4).set_index(["optimizer", "tau"])
+    assert staleness.best_learning_rates(curves) == {"adam": 0.01, "sgd": 0.1}
+    check = staleness.dai_check(curves, target=0.4).set_index(["optimizer", "tau"])
     assert check.loc[("adam", 4), "drop_mean"] == pytest.approx(0.2)
     assert check.loc[("sgd", 4), "drop_mean"] == pytest.approx(0.1)
     assert check.loc[("sgd", 0), "slowdown_mean"] == 1.0
-    diff = gradient_study.paired_difference(curves).set_index("tau")
+    diff = staleness.paired_difference(curves).set_index("tau")
     assert diff.loc[4, "mean"] == pytest.approx(0.1) and diff.loc[4, "std"] == pytest.approx(0.0, abs=1e-9)

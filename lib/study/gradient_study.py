@@ -5,8 +5,8 @@
   variable, recomputing per variable), eagerly and inside ``tf.function``.
 * ``exact_update_check`` and ``quadratic_with_tensorboard``: ``x_after == x_before - lr*T(g)``, and the
   seed's TensorBoard scalars of ``x`` and ``dy/dx``.
-* ``StaleTrainer``/``staleness_study``: in one process, every gradient applied tau updates late, for SGD and
-  Adam, many seeds at once; ``dai_check`` and ``paired_difference`` test Dai et al.'s claim on the result.
+* ``GradientStudyConfig``: every parameter of notebook 04 with its default; the staleness sweep itself is
+  ``study.staleness``.
 * ``ps_*`` tables: the asynchronous parameter-server runs (``study.ps``) as tables.
 """
 
@@ -24,12 +24,11 @@ import pandas as pd
 import tensorflow as tf
 
 from freezing import gradients
-from freezing.validation import check_choice, check_choices, check_int_list, check_positive_int, check_range
-from study.data import MnistSplits
+from freezing.validation import check_choices, check_int_list, check_positive_int, check_range
 from study.models import deep_mnist_cnn
+from study.staleness import STALENESS_OPTIMIZERS
 from study.training import LOSS
 
-STALENESS_OPTIMIZERS = ("sgd", "adam", "adagrad")
 FAULTS = ("worker", "chief", "ps")
 
 
@@ -244,227 +243,6 @@ def quadratic_with_tensorboard(log_dir: str | Path | None, steps: int = 30, b: f
                      "error": abs(float(x.numpy()) - float(expected))})
     if writer is not None:
         writer.flush()
-    return pd.DataFrame(rows)
-
-
-# -- staleness: every gradient applied tau updates late, many seeds at once ---------------------------------
-
-
-def _mlp_init(seed: int, hidden: int = 64) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [rng.normal(0, 0.05, (784, hidden)).astype(np.float32), np.zeros(hidden, np.float32),
-            rng.normal(0, 0.05, (hidden, 10)).astype(np.float32), np.zeros(10, np.float32)]
-
-
-ADAM = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}  # Keras 3 defaults
-ADAGRAD = {"initial_accumulator_value": 0.1, "epsilon": 1e-7}
-
-
-class StaleTrainer:
-    """An MLP 784-hidden-10 trained with every gradient computed ``tau`` updates late, one copy per seed at once.
-
-    The seeds are a leading axis of every variable; the loss is the sum over seeds of each copy's own mean loss,
-    so each copy's gradient is its own. The optimizers are element-wise, written out here so that the learning
-    rate and ``tau`` are tensors (one trace per optimizer); ``tests/test_gradient_study.py`` checks them against
-    ``keras.optimizers.SGD``/``Adam``/``Adagrad``. ``StaleTrainer(data, "adam", seeds=[0, 1]).run(0.003, tau=4)``
-    """
-
-    def __init__(self, data: MnistSplits, optimizer: str, seeds: Sequence[int], steps: int = 200,
-                 batch: int = 64, eval_every: int = 10, tau_max: int = 16, hidden: int = 64):
-        check_choice("optimizer", optimizer, STALENESS_OPTIMIZERS)
-        self.optimizer, self.seeds, self.steps, self.eval_every = optimizer, list(seeds), steps, eval_every
-        self.tau_max = tau_max
-        inits = [_mlp_init(seed, hidden) for seed in self.seeds]
-        self.init = [np.stack(parts) for parts in zip(*inits)]
-        self.params = [tf.Variable(v) for v in self.init]
-        self.history = [tf.Variable(np.zeros((tau_max + 1, *v.shape), np.float32)) for v in self.init]
-        self.slots = [[tf.Variable(np.zeros_like(v)) for v in self.init] for _ in range(2)]
-        x = data.x_train.reshape(-1, 784)
-        # the same minibatches for every optimizer, learning rate and tau: seed s draws from its own generator
-        idx = np.stack([np.random.default_rng(seed).integers(0, len(x), (steps, batch)) for seed in self.seeds], 1)
-        self.x_train, self.y_train = tf.constant(x), tf.constant(data.y_train)
-        self.idx = tf.constant(idx)
-        self.x_test, self.y_test = tf.constant(data.x_test.reshape(-1, 784)), tf.constant(data.y_test)
-        self._run = tf.function(self._train)
-
-    @staticmethod
-    def logits(params: Sequence[Any], x: tf.Tensor) -> tf.Tensor:
-        """Logits of every seed's copy: x is (seeds, batch, 784) or (n, 784), shared."""
-        w1, b1, w2, b2 = params
-        eq = "sbi,sih->sbh" if x.shape.rank == 3 else "bi,sih->sbh"
-        h = tf.nn.relu(tf.einsum(eq, x, w1) + b1[:, None, :])
-        return tf.einsum("sbh,shk->sbk", h, w2) + b2[:, None, :]
-
-    def _update(self, step: tf.Tensor, grads: list[tf.Tensor], lr: tf.Tensor) -> None:
-        if self.optimizer == "sgd":
-            for v, g in zip(self.params, grads):
-                v.assign_sub(lr * g)
-        elif self.optimizer == "adam":
-            t = tf.cast(step + 1, tf.float32)
-            alpha = lr * tf.sqrt(1 - ADAM["beta_2"] ** t) / (1 - ADAM["beta_1"] ** t)
-            for v, g, m, s in zip(self.params, grads, *self.slots):
-                m.assign_add((g - m) * (1 - ADAM["beta_1"]))
-                s.assign_add((tf.square(g) - s) * (1 - ADAM["beta_2"]))
-                v.assign_sub(m * alpha / (tf.sqrt(s) + ADAM["epsilon"]))
-        else:  # adagrad
-            for v, g, acc in zip(self.params, grads, self.slots[0]):
-                acc.assign_add(tf.square(g))
-                v.assign_sub(lr * g / tf.sqrt(acc + ADAGRAD["epsilon"]))
-
-    def _train(self, lr: tf.Tensor, tau: tf.Tensor) -> tf.Tensor:
-        evals = tf.TensorArray(tf.float32, size=self.steps // self.eval_every)
-        for step in tf.range(self.steps):
-            slot = step % (tau + 1)
-            for h, v in zip(self.history, self.params):  # a ring of the last tau+1 parameter values
-                h.scatter_update(tf.IndexedSlices(v[None], slot[None]))
-            stale_slot = tf.where(step >= tau, (step - tau) % (tau + 1), 0)  # the parameters tau updates ago
-            stale = [h.sparse_read(stale_slot) for h in self.history]
-            idx = self.idx[step]
-            x, y = tf.gather(self.x_train, idx), tf.gather(self.y_train, idx)
-            with tf.GradientTape() as tape:
-                tape.watch(stale)
-                per_seed = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, self.logits(stale, x)), 1)
-                loss = tf.reduce_sum(per_seed)
-            self._update(step, tape.gradient(loss, stale), lr)
-            if (step + 1) % self.eval_every == 0:
-                predicted = tf.argmax(self.logits(self.params, self.x_test), -1, output_type=tf.int32)
-                accuracy = tf.reduce_mean(tf.cast(predicted == self.y_test[None, :], tf.float32), 1)
-                evals = evals.write((step + 1) // self.eval_every - 1, accuracy)
-        return evals.stack()
-
-    def run(self, learning_rate: float, tau: int) -> np.ndarray:
-        """Test accuracy after every ``eval_every`` updates, shape (evaluations, seeds). ``trainer.run(0.2, 4)``"""
-        if not 0 <= tau <= self.tau_max:
-            raise ValueError(f"tau: expected 0..{self.tau_max}; got {tau}")
-        for v, init in zip(self.params, self.init):
-            v.assign(init)
-        for h in self.history:
-            h.assign(tf.zeros_like(h))
-        for slot in self.slots:
-            for v in slot:
-                v.assign(tf.fill(v.shape, ADAGRAD["initial_accumulator_value"] if self.optimizer == "adagrad"
-                                 and slot is self.slots[0] else 0.0))
-        return self._run(tf.constant(learning_rate, tf.float32), tf.constant(tau)).numpy()
-
-
-def staleness_study(config: GradientStudyConfig, data: MnistSplits) -> pd.DataFrame:
-    """Accuracy curves for every optimizer x learning rate x tau x seed. ``staleness_study(cfg, data)``
-
-    Columns: optimizer, learning_rate, tau, seed, updates, accuracy (test accuracy after ``updates`` updates).
-    """
-    rows = []
-    for name in config.staleness_optimizers:
-        trainer = StaleTrainer(data, name, config.seeds, steps=config.staleness_steps,
-                               eval_every=config.staleness_eval_every, tau_max=max(config.taus))
-        for lr in config.staleness_learning_rates[name]:
-            for tau in config.taus:
-                curves = trainer.run(lr, tau)
-                for e, accuracies in enumerate(curves):
-                    for seed, acc in zip(config.seeds, accuracies):
-                        rows.append({"optimizer": name, "learning_rate": lr, "tau": tau, "seed": seed,
-                                     "updates": (e + 1) * config.staleness_eval_every, "accuracy": float(acc)})
-    return pd.DataFrame(rows)
-
-
-def final_accuracy(curves: pd.DataFrame) -> pd.DataFrame:
-    """One row per run: the test accuracy after the last update. ``final_accuracy(staleness_study(...))``"""
-    last = curves["updates"].max()
-    return curves[curves["updates"] == last].drop(columns="updates").reset_index(drop=True)
-
-
-def staleness_table(curves: pd.DataFrame) -> pd.DataFrame:
-    """Final test accuracy as 'mean ± std' over seeds; rows optimizer x learning rate, columns tau."""
-    from study.reporting import format_mean_std
-
-    final = final_accuracy(curves)
-    grouped = final.groupby(["optimizer", "learning_rate", "tau"])["accuracy"].agg(["mean", "std"]).reset_index()
-    grouped["accuracy"] = [format_mean_std(m, s) for m, s in zip(grouped["mean"], grouped["std"])]
-    table = grouped.pivot(index=["optimizer", "learning_rate"], columns="tau", values="accuracy")
-    table.columns = [f"tau={t}" for t in table.columns]
-    return table
-
-
-def best_learning_rates(curves: pd.DataFrame) -> dict[str, float]:
-    """Each optimizer's learning rate with the best mean final accuracy at tau = 0 (tuned without delay)."""
-    final = final_accuracy(curves)
-    fresh = final[final["tau"] == 0].groupby(["optimizer", "learning_rate"])["accuracy"].mean().reset_index()
-    return {name: float(g.sort_values("accuracy").iloc[-1]["learning_rate"]) for name, g in fresh.groupby("optimizer")}
-
-
-def updates_to_target(curves: pd.DataFrame, target: float) -> pd.DataFrame:
-    """Per run: the first evaluated update count with accuracy >= target (inf if never). Dai et al.'s measure."""
-    def first(group: pd.DataFrame) -> float:
-        hit = group.loc[group["accuracy"] >= target, "updates"]
-        return float(hit.min()) if len(hit) else float("inf")
-
-    keys = ["optimizer", "learning_rate", "tau", "seed"]
-    return curves.groupby(keys).apply(first, include_groups=False).rename("updates_to_target").reset_index()
-
-
-def dai_check(curves: pd.DataFrame, target: float) -> pd.DataFrame:
-    """Dai et al. (2019): adaptive optimizers slow down more under staleness than SGD. Per tau, at each optimizer's
-    best tau=0 learning rate: the slowdown (updates to reach ``target`` accuracy, / the same seed's at tau=0)
-    and the drop in final accuracy, as mean and std over seeds, and the paired adam-minus-sgd differences.
-
-    A run that never reaches the target has an infinite slowdown; ``reached`` counts the runs that did.
-    """
-    best = best_learning_rates(curves)
-    steps = updates_to_target(curves, target)
-    final = final_accuracy(curves)
-    rows = []
-    for name, lr in best.items():
-        mine = steps[(steps["optimizer"] == name) & (steps["learning_rate"] == lr)].set_index(["tau", "seed"])
-        acc = final[(final["optimizer"] == name) & (final["learning_rate"] == lr)].set_index(["tau", "seed"])
-        for tau in sorted(mine.index.get_level_values("tau").unique()):
-            slow = (mine.loc[tau, "updates_to_target"] / mine.loc[0, "updates_to_target"]).to_numpy()
-            drop = (acc.loc[0, "accuracy"] - acc.loc[tau, "accuracy"]).to_numpy()
-            finite = slow[np.isfinite(slow)]
-            rows.append({"optimizer": name, "learning_rate": lr, "tau": tau, "seeds": len(slow),
-                         "reached": int(np.isfinite(slow).sum()),
-                         "slowdown_mean": float(np.mean(slow)) if len(finite) == len(slow) else float("inf"),
-                         # over the same seeds as the mean: undefined when a seed never reached the target
-                         "slowdown_std": float(np.std(slow, ddof=1)) if len(finite) == len(slow) > 1
-                         else float("nan"),
-                         "drop_mean": float(np.mean(drop)), "drop_std": float(np.std(drop, ddof=1)) if len(drop) > 1
-                         else float("nan")})
-    return pd.DataFrame(rows)
-
-
-def best_per_tau(curves: pd.DataFrame) -> pd.DataFrame:
-    """Final accuracy with the learning rate re-tuned for each tau: rows tau, columns optimizer, the best mean over
-    rates, with ``<optimizer>_std`` (over seeds) and ``<optimizer>_lr`` beside it."""
-    final = final_accuracy(curves)
-    stats = final.groupby(["optimizer", "tau", "learning_rate"])["accuracy"].agg(["mean", "std"]).reset_index()
-    best = stats.loc[stats.groupby(["optimizer", "tau"])["mean"].idxmax()]
-    out = best.pivot(index="tau", columns="optimizer", values="mean")
-    for name in out.columns.tolist():
-        mine = best[best["optimizer"] == name].set_index("tau")
-        out[f"{name}_std"] = mine["std"]
-        out[f"{name}_lr"] = mine["learning_rate"]
-    return out
-
-
-def paired_difference(curves: pd.DataFrame, a: str = "adam", b: str = "sgd") -> pd.DataFrame:
-    """Per tau: drop in final accuracy of ``a`` minus that of ``b`` (each at its best tau=0 rate), paired by seed.
-
-    ``mean``, ``std`` and ``se`` (std / sqrt(seeds)) of the difference: a positive mean more than 2 se above
-    zero says ``a`` loses more to staleness than ``b`` here.
-    """
-    best = best_learning_rates(curves)
-    final = final_accuracy(curves)
-
-    def drops(name: str) -> pd.DataFrame:
-        acc = final[(final["optimizer"] == name) & (final["learning_rate"] == best[name])].set_index(["tau", "seed"])
-        fresh = acc.loc[0, "accuracy"]
-        return acc["accuracy"].groupby("tau").apply(lambda s: fresh.to_numpy() - s.to_numpy())
-
-    da, db = drops(a), drops(b)
-    rows = []
-    for tau in da.index:
-        diff = np.asarray(da[tau]) - np.asarray(db[tau])
-        std = float(np.std(diff, ddof=1)) if len(diff) > 1 else float("nan")
-        rows.append({"tau": tau, "mean": float(np.mean(diff)), "std": std, "se": std / np.sqrt(len(diff)),
-                     "seeds": len(diff)})
     return pd.DataFrame(rows)
 
 
