@@ -147,7 +147,7 @@ def test_naive_vs_exact_and_headline_cover_every_row():
     assert trade.loc[0, "share of frozen entry-steps the naive mask moved"] == pytest.approx(10 / 30)
     assert trade.loc[0, "naive accuracy mean"] == pytest.approx(0.55)  # numbers in the CSV, text only for display
     shown = cnn_study.naive_vs_exact_display(trade)
-    assert shown.iloc[0]["naive accuracy (mean ± std)"] == "0.55 ± 0.071"
+    assert shown.iloc[0]["naive accuracy (mean ± std)"] == "0.550 ± 0.071"  # the mean to the std's decimal place
     assert shown.iloc[0]["share of frozen entry-steps the naive mask moved"] == "33%"
     finetune = pd.DataFrame([{"optimizer": o, "method": m, "seed": s, "acc_new": 0.9, "acc_old": 0.0,
                               "conv_max_abs_delta": 0.0, "conv_changed_entries": 0, "step_time_ms": 1.0}

@@ -114,14 +114,26 @@ def times(x: Any, digits: int = 3) -> str:
     return f"{num(_number(x), digits)}×"
 
 
-def pm(mean: Any, std: Any, digits: int = 3) -> str:
-    """``mean ± std``; the std with two significant digits, and left out when it is NaN (one seed).
+def _decimals(x: float, digits: int) -> int:
+    """Decimals that show ``x`` to ``digits`` significant digits (0 for whole-number precision)."""
+    return max(digits - 1 - math.floor(math.log10(abs(x))), 0) if x else 0
 
-    >>> pm(0.5123, 0.0104), pm(0.5, float("nan"))
-    ('0.512 ± 0.01', '0.5')
+
+def pm(mean: Any, std: Any, digits: int = 3) -> str:
+    """``mean ± std``: the std to two significant digits and the mean to the same decimal place (or to ``digits``
+    significant digits, where that is finer); the std is left out when it is NaN (one seed).
+
+    >>> pm(0.5123, 0.0104), pm(6.98, 0.12), pm(1.005, 0.065), pm(0.5, float("nan")), pm(1280.0, 0.0)
+    ('0.512 ± 0.010', '6.98 ± 0.12', '1.005 ± 0.065', '0.5', '1,280 ± 0')
     """
     mean, std = _number(mean), _number(std)
-    return num(mean, digits) if std != std else f"{num(mean, digits)} ± {num(std, 2)}"
+    if std != std:
+        return num(mean, digits)
+    plain = all(math.isfinite(x) and (x == 0 or 1e-4 <= abs(x) < 1e7) for x in (mean, std))
+    if not plain or std == 0:
+        return f"{num(mean, digits)} ± {num(std, 2)}"
+    d = max(_decimals(std, 2), _decimals(mean, digits))
+    return f"{round(mean, d):,.{d}f} ± {round(std, d):,.{d}f}"
 
 
 def count(x: Any) -> str:
