@@ -300,7 +300,7 @@ def placement_table(result: Mapping[str, Any]) -> pd.DataFrame:
     for row in result["placement"]:
         for i, shard in enumerate(row["shards"]):
             rows.append({"variable": row["variable"], "shard": f"{i + 1} of {len(row['shards'])}",
-                         "task": shard["task"], "shape": "x".join(map(str, shard["shape"])) or "scalar",
+                         "task": shard["task"], "shard shape": "x".join(map(str, shard["shape"])) or "scalar",
                          "bytes": shard["bytes"]})
     return pd.DataFrame(rows)
 
@@ -370,7 +370,7 @@ COLUMNS = {
     "variable": "path of the Keras variable",
     "shard": "which shard of the variable (a variable over 256 KiB is split over the ps tasks)",
     "task": "the ps task that holds the shard",
-    "shape": "shape of the shard",
+    "shard shape": "shape of the shard (a split variable's shards each hold part of its first axis)",
     "bytes": "size of the shard (bytes)",
     # staleness_curves, staleness_dai_check, staleness_best_per_tau
     "optimizer": "optimizer of the in-process staleness study",
@@ -439,8 +439,9 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
     error = metrics["exact_update_max_error"]
     out["max |x_after - (x_before - lr*T(g))| on the CNN"] = "0 (exact)" if error == 0 else f"{error:.1e}"
     for w, r in metrics["ps"].items():
-        out[f"Downpour CNN, {w} worker{'s' * (int(w) > 1)}: steps/s / final test accuracy / mean staleness (updates)"] = \
-            f"{r['steps_per_s']:.2f} / {r['final_accuracy']:.3f} / {r['staleness_mean']:.2f}"
+        out[f"Downpour CNN, {w} worker{'s' * (int(w) > 1)}: steps/s (mean ± std over timed windows) / final test "
+            f"accuracy / mean staleness (updates)"] = \
+            f"{r['steps_per_s']:.1f} ± {r['steps_per_s_std']:.1f} / {r['final_accuracy']:.3f} / {r['staleness_mean']:.2f}"
     q = metrics.get("quoted", {})
     for tau in (1, 2, 4, 8):
         value = q.get(f"difference_{tau}")
@@ -449,6 +450,6 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
                 f"minus SGD's, paired by seed (mean ± se; negative: Adam loses less)"] = \
                 f"{value:+.3f} ± {q[f'difference_se_{tau}']:.3f}"
     f = metrics["fault_accounting"]
-    out["faults: updates restored from checkpoints / lost with the ps / applied after the last restart"] = \
+    out["faults: updates in the last checkpoint restored / lost with the ps / applied after the last restart"] = \
         f"{f['restored_version']} / {f['lost_with_ps']} / {f['applied_after_restart']}"
     return out

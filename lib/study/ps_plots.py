@@ -76,11 +76,12 @@ def n_push_sweep(table: pd.DataFrame) -> plt.Figure:
     axes[2].set(ylabel="mean staleness of a push [updates]", ylim=(0, 1.2 * float(table["staleness_mean"].max())))
     axes[3].plot(table["n_push"], table["final_accuracy"], marker="o", ls="none")  # runs of unequal training
     for n, accuracy, updates in zip(table["n_push"], table["final_accuracy"], table["applied_updates"]):
-        axes[3].annotate(f"{int(updates)} updates", (n, accuracy), xytext=(0, -14), textcoords="offset points",
-                         ha="center", fontsize=8)
+        axes[3].annotate(f"{int(updates)} updates", (n, accuracy), xytext=(0, 8), textcoords="offset points",
+                         ha="center", fontsize=8)  # above the point: below it, the leftmost label ran into the ticks
     axes[3].set(ylabel="test accuracy after the run [fraction]", ylim=(0, 1))
     for ax in axes:
         ax.set_xscale("log", base=2)
+        ax.margins(x=0.15)
         ax.set_xticks(table["n_push"], [str(n) for n in table["n_push"]])
         ax.minorticks_off()
         ax.set_xlabel("n_push = n_fetch [steps]")
@@ -184,7 +185,8 @@ def fault_timeline(result: Mapping[str, Any]) -> plt.Figure:
                     label=once("applied after the last checkpoint, lost with the kill, redone by the next attempt"))
         upper = starts[i + 1] if i + 1 < len(starts) else end  # the latest checkpoint before a kill is resumed
         mine = [v for v in checkpoints if start < v <= upper]
-        ax.plot(mine, [i] * len(mine), ls="none", marker="|", ms=16, mew=2, color="k", label=once("checkpoint saved"))
+        ax.plot(mine, [i] * len(mine), ls="none", marker="|", ms=16, mew=2, color="k", zorder=4,
+                label=once("checkpoint saved"))
         if i < len(restarts):
             ax.annotate(f"{restarts[i]['killed']} killed", (end, i), xytext=(4, 8), textcoords="offset points",
                         fontsize=8, color="C3")
@@ -192,7 +194,7 @@ def fault_timeline(result: Mapping[str, Any]) -> plt.Figure:
         if fault["killed"].startswith("worker"):
             seen = int(fault.get("version_seen") or 0)
             row = next((i for i, (a, b) in enumerate(zip(starts, ends)) if a <= seen <= b), 0)
-            ax.plot(seen, row, ls="none", marker="X", ms=9, color="C1",
+            ax.plot(seen, row - 0.3, ls="none", marker="X", ms=9, color="C1", zorder=3,  # above the bar's ticks
                     label=once(f"{fault['killed']} killed (its function re-ran; nothing lost)"))
     ax.set_yticks(range(len(starts)), [f"attempt {i + 1}\n(from {s})" for i, s in enumerate(starts)])
     ax.invert_yaxis()
