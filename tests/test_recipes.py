@@ -287,7 +287,8 @@ def test_outputs_headline_and_data_source(smoke):
     same = [v for k, v in m["headline"].items() if "recompile with the same optimizer" in k]
     assert same == ["raised 'Unknown variable' at stage 2 (no result)"]
     naive = m["subnetwork"]["methods"]["naive_gate"]  # moved and frozen: the same statistic (mean ± std over seeds)
-    row = next(v for k, v in m["headline"].items() if k.startswith("5 ") and "naive gate" in k)
+    assert all(k.startswith("Recipe ") for k in m["headline"] if k != "data")  # a leading number reads as a count
+    row = next(v for k, v in m["headline"].items() if k.startswith("Recipe 5 ") and "naive gate" in k)
     assert row.startswith(f"{naive['moved']:,.0f} ± {naive['moved_std']:,.0f} of {naive['frozen']:,.0f} ± "), row
     figures = {"new_columns", "pruning", "unfreezing", "sparse", "subnetwork"}
     assert figures <= {p.stem for p in folder.glob("*.png")}
@@ -295,3 +296,16 @@ def test_outputs_headline_and_data_source(smoke):
     assert {c["file"] for c in captions} >= {f"{f}.png" for f in figures} and all(len(c["caption"]) > 40 for c in captions)
     assert (folder / "which_method.csv").is_file() and (folder / "05_recipes.html").is_file()
     assert "05_recipes" in (out / "SUMMARY.md").read_text()
+
+
+def test_table_helpers_state_counts_errors_and_timing_noise():
+    from study.recipes.which_method import _times
+
+    assert recipes.state_kept_text(6, 6, 3) == "2 of 2 per seed (6 of 6 over 3 seeds)"
+    assert recipes.state_kept_text(1, 1, 1, finished=False) == "1 of 1, then raised"
+    assert "did not train" in recipes.state_kept_text(6, 6, 3, trained=False)
+    message = "Unknown variable: <Variable path=mlp/fc2/kernel, shape=(128, 64), dtype=float32>. This optimizer ..."
+    assert recipes.short_error(message) == "Unknown variable (mlp/fc2/kernel)" and recipes.short_error("") == ""
+    close = _times({"exact": (1.34, 0.015), "gradient mask": (1.37, 0.032)})  # a gap under one std
+    assert close.startswith("1.34 ms/step (exact) vs 1.37 ms (gradient mask)") and "within seed noise" in close
+    assert "noise" not in _times({"a": (1.0, 0.01), "b": (2.0, 0.01)})

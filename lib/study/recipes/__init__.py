@@ -38,6 +38,8 @@ from study.recipes.pruning import (  # noqa: F401
 from study.recipes.unfreezing import unfreezing_study, trainable_traps  # noqa: F401
 from study.recipes.sparse import fish_masks, squared_gradients, sparse_study  # noqa: F401
 from study.recipes.subnetwork import RandomUnits, subnetwork_study  # noqa: F401
-from study.recipes.summary import summarize, recipe_metrics, headline  # noqa: F401
+from study.recipes.summary import (  # noqa: F401
+    summarize, recipe_metrics, headline, state_kept_text, short_error, spread_caption,
+)
 from study.recipes.which_method import method_table  # noqa: F401
 from study.reporting import display_table  # noqa: F401

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ def recipe_metrics(r1: StudyResult, r2: StudyResult, r3: StudyResult, r4: StudyR
         for method, g in runs.groupby("method", sort=False):
             out[method] = {"moved_min": int(g[moved].min()), "moved_max": int(g[moved].max()),
                            "step_time_ms": float(g["step_time_ms"].mean()),
+                           "step_time_ms_std": float(g["step_time_ms"].std()) if len(g) > 1 else 0.0,
                            "extra_state_bytes": int(g["extra_state_bytes"].max()), "seeds": int(g["seed"].nunique()),
                            **{e: float(g[e].mean()) for e in extra}, **{f"{e}_std": float(g[e].std()) for e in extra}}
         return out
@@ -50,6 +52,7 @@ def recipe_metrics(r1: StudyResult, r2: StudyResult, r3: StudyResult, r4: StudyR
                             "state_kept": bool(g["state_kept"].all()) if g["finished"].all() else False,
                             "boundaries": int(len(b) / max(g["seed"].nunique(), 1)),
                             "boundaries_kept": int(b["kept"].sum() / max(g["seed"].nunique(), 1)) if len(b) else 0,
+                            "boundaries_total": int(len(b)), "boundaries_kept_total": int(b["kept"].sum()) if len(b) else 0,
                             "momentum_norm_after_min": float(b["norm_after"].min()) if len(b) else float("nan"),
                             "raised_at_stage": None if g["finished"].all() else  # 1-based: the stage whose fit raised
                             int(len(b) / max(g["seed"].nunique(), 1)) + 1,
@@ -79,6 +82,45 @@ def recipe_metrics(r1: StudyResult, r2: StudyResult, r3: StudyResult, r4: StudyR
                        "diagnose": _causes(r5.diagnosis)},
         "traps": traps.to_dict(orient="records"),
     }
+
+
+def state_kept_text(kept: int, boundaries: int, seeds: int, finished: bool = True, trained: bool = True) -> str:
+    """How many stage boundaries kept the optimizer state, per seed and over all seeds (``kept`` and
+    ``boundaries`` are totals over ``seeds``). ``state_kept_text(6, 6, 3)`` -> '2 of 2 per seed (6 of 6 over 3 seeds)'
+
+    >>> state_kept_text(1, 1, 1, finished=False)
+    '1 of 1, then raised'
+    >>> state_kept_text(6, 6, 3, trained=False)
+    '2 of 2 per seed (6 of 6 over 3 seeds; but the unfrozen layers did not train)'
+    """
+    per_seed = seeds > 1 and kept % seeds == 0 and boundaries % seeds == 0
+    text = f"{kept // seeds} of {boundaries // seeds} per seed" if per_seed else f"{kept} of {boundaries}"
+    notes = [f"{kept} of {boundaries} over {seeds} seeds"] if per_seed else []
+    if not trained:
+        notes.append("but the unfrozen layers did not train")
+    text += f" ({'; '.join(notes)})" if notes else ""
+    return text if finished else f"{text}, then raised"
+
+
+def short_error(message: str) -> str:
+    """An exception message short enough for a table cell: the error's name and the variable it names.
+
+    >>> short_error("Unknown variable: <Variable path=mlp/fc2/kernel, shape=(128, 64), dtype=float32>. This ...")
+    'Unknown variable (mlp/fc2/kernel)'
+    >>> short_error("")
+    ''
+    """
+    m = re.match(r"^([^:<]+):\s*<Variable path=([^,>]+)", message or "")
+    if m:
+        return f"{m.group(1).strip()} ({m.group(2).strip()})"
+    first = (message or "").split(". ")[0]
+    return first if len(first) <= 80 else first[:77] + "..."
+
+
+def spread_caption(table: pd.DataFrame, seeds: int, note: str = ""):
+    """``table`` with a caption saying what its spreads are (a Styler, for display). ``spread_caption(t, 3)``"""
+    caption = f"a ± b: mean ± std over {seeds} seeds; a–b: lowest–highest over seeds" + (f"; {note}" if note else "")
+    return table.style.set_caption(caption)
 
 
 def _float_or_none(x: Any) -> float | None:
@@ -161,17 +203,17 @@ def headline(metrics: Mapping[str, Any], source: str) -> dict[str, str]:
     m1, m3, m5 = r1["methods"], r3["methods"], r5["methods"]
     out = {"data": source}
     opt1 = _OPTIMIZERS.get(r1["optimizer"], r1["optimizer"])
-    out[f"1 new output columns under {opt1}: old entries changed, max over seeds (of {r1['old_entries']:,}), "
+    out[f"Recipe 1 (new output columns), {opt1}: old entries changed, max over seeds (of {r1['old_entries']:,}), "
         "gradient mask / copy-back constraint / exact mask"] = " / ".join(
             f"{m1[m]['moved_max']:,}" for m in NEW_COLUMN_METHODS)
-    out["1 new output columns, exact mask: test accuracy on digits 5-9 / 0-4 (10-way), mean ± std"] = \
+    out[f"Recipe 1 (new output columns), {opt1}, exact mask: test accuracy on digits 5-9 / 0-4 (10-way), mean ± std"] = \
         f"{format_mean_std(m1['exact']['acc_new'], m1['exact']['acc_new_std'])} / " \
         f"{format_mean_std(m1['exact']['acc_old'], m1['exact']['acc_old_std'])}"
     top = max(float(k.split("/")[2]) for k in r2["by_optimizer"])
     for key, row in r2["by_optimizer"].items():
         name, method, sparsity = key.split("/")
         if float(sparsity) == top:
-            label = (f"2 pruning fc1 to {pct(float(sparsity), 0)}, fine-tuned by {_OPTIMIZERS.get(name, name)} with the "
+            label = (f"Recipe 2 (pruning fc1 to {pct(float(sparsity), 0)}), fine-tuned by {_OPTIMIZERS.get(name, name)} with the "
                      f"dense run's state, {_LABELS.get(method, method)}")
             out[f"{label}: pruned entries moved (of {row['pruned']:,}) / test accuracy / median step time (ms), "
                 "mean ± std over seeds"] = (
@@ -181,23 +223,25 @@ def headline(metrics: Mapping[str, Any], source: str) -> dict[str, str]:
     for method in ("mask_schedule", "recompile_fresh", "trainable_flip"):
         if method in m3:
             r = m3[method]
-            out[f"3 gradual unfreezing, {_LABELS[method]}: test accuracy on 5-9 (mean ± std) / stage boundaries "
-                "with the optimizer state kept"] = \
-                f"{format_mean_std(r['acc_new'], r['acc_new_std'])} / {r['boundaries_kept']} of {r['boundaries']}" + \
-                ("" if r["unfrozen_trained"] else " (the unfrozen layers did not train)")
+            kept = state_kept_text(r.get("boundaries_kept_total", r["boundaries_kept"] * r["seeds"]),
+                                   r.get("boundaries_total", r["boundaries"] * r["seeds"]), r["seeds"],
+                                   trained=r["unfrozen_trained"])
+            out[f"Recipe 3 (gradual unfreezing), {_LABELS[method]}: test accuracy on 5-9 (mean ± std) / stage "
+                "boundaries with the optimizer state kept"] = f"{format_mean_std(r['acc_new'], r['acc_new_std'])} / {kept}"
     if "recompile_same" in m3:
         r = m3["recompile_same"]
         error = r["error"].split(":")[0]
-        out["3 gradual unfreezing, recompile with the same optimizer per stage"] = (
+        out["Recipe 3 (gradual unfreezing), recompile with the same optimizer per stage"] = (
             f"raised '{error}' at stage {r['raised_at_stage']} (no result)" if error else "finished")
     for variant, r in r4["methods"].items():
-        out[f"4 sparse fine-tuning comparison, {_sparse_label(variant, r)}: test accuracy on 5-9 / forgetting of 0-4 "
+        out[f"Recipe 4 (sparse fine-tuning), {_sparse_label(variant, r)}: test accuracy on 5-9 / forgetting of 0-4 "
             f"(mean ± std) / entries changed (mean, of {r['total_entries']:,})"] = \
             f"{format_mean_std(r['acc_new'], r['acc_new_std'])} / " \
             f"{format_mean_std(r['forgetting'], r['forgetting_std'])} / {r['changed_mean']:,.0f}"
     for method in SUBNET_METHODS:
         r = m5[method]
-        out[f"5 each unit trains with probability {r5['p']:g} at each step (mask_fn, Adam), {_LABELS[method]}: "
+        out[f"Recipe 5 (random sub-network: each unit trains with probability {r5['p']:g} at each step, mask_fn, "
+            f"Adam), {_LABELS[method]}: "
             "frozen entry-steps (entries × steps frozen) that moved, of those frozen / test accuracy, "
             "mean ± std over seeds"] = \
             f"{format_count(r['moved'], r['moved_std'])} of {format_count(r['frozen'], r['frozen_std'])} / " \

@@ -9,6 +9,8 @@ from typing import Any
 
 import pandas as pd
 
+from study.recipes.summary import state_kept_text
+
 
 def _read(results_dir: Path, name: str) -> dict[str, Any]:
     try:
@@ -50,8 +52,24 @@ def _pct(value: Any) -> str:
     return "n/a" if value is None else f"{100 * float(value):.1f}%"
 
 
-def _ms(value: Any) -> str:
-    return "n/a" if value is None or value != value else f"{float(value):.1f} ms"
+def _ms(value: Any, digits: int = 1) -> str:
+    return "n/a" if value is None or value != value else f"{float(value):.{digits}f} ms"
+
+
+def _times(named: Mapping[str, tuple[Any, Any]]) -> str:
+    """Step times of methods compared in one cell: "1.34 ms/step (exact) vs 1.37 ms (gradient mask)", with two
+    decimals, and "(within seed noise)" when every gap is under the largest std over seeds.
+    ``named`` maps a method's name to (mean, std) of its step time."""
+    known = {k: (_number(m), _number(sd) or 0.0) for k, (m, sd) in named.items() if _number(m) is not None}
+    if not known:
+        return "n/a"
+    items = list(known.items())
+    text = f"{_ms(items[0][1][0], 2)}/step ({items[0][0]})" + "".join(
+        f" vs {_ms(m, 2)} ({k})" for k, (m, _) in items[1:])
+    means = [m for m, _ in known.values()]
+    if len(means) > 1 and max(means) - min(means) < max(sd for _, sd in known.values()):
+        text += " (within seed noise: the gaps are under one std over seeds)"
+    return text
 
 
 def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.DataFrame:
@@ -102,6 +120,15 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
     sparse = next((k for k in r4.get("methods", {}) if k.startswith("sparse")), "sparse")
     by_fraction = (metrics.get("sparse_costs") or {}).get("by_fraction", {})
     sparse_state = next(iter(by_fraction.values()), None)
+    def sparse_times(key: str) -> str:
+        """Recipe 4's step times of the ``key`` variant ('state_variant' or 'dense_variant') at each budget."""
+        return ", ".join(f"{_ms(recipe(r4, c[key], 'step_time_ms'), 2)}/step ({_pct(c['fraction']).replace('.0%', '%')})"
+                         for c in by_fraction.values())
+
+    un = _get(r3, "methods", "mask_schedule") or {}
+    kept3 = (state_kept_text(un.get("boundaries_kept_total", un["boundaries_kept"] * un["seeds"]),
+                             un.get("boundaries_total", un["boundaries"] * un["seeds"]), un["seeds"])
+             if {"boundaries_kept", "boundaries", "seeds"} <= set(un) else "n/a")
     budgets = " or ".join(_pct(c["fraction"]).replace(".0%", "%") for c in by_fraction.values()) or "a small share"
     rows = [
         ("freeze whole layers for the whole run (fine-tuning)", "layer.trainable = False, then compile (or a var_list)",
@@ -110,24 +137,25 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
          ft_cell("trainable_recompile") if ft else missing),
         ("change which layers train during one fit (gradual unfreezing)",
          "MaskedOptimizer(hold) + MaskSchedule.gradual_unfreezing",
-         f"exact and optimizer state kept at {_n(recipe(r3, 'mask_schedule', 'boundaries_kept'))} of "
-         f"{_n(recipe(r3, 'mask_schedule', 'boundaries'))} stage boundaries",
+         f"exact and optimizer state kept at {kept3} stage boundaries",
          f"{_ms(recipe(r3, 'mask_schedule', 'step_time_ms'))}/MLP step vs {_ms(recipe(r3, 'recompile_fresh', 'step_time_ms'))} "
          "recompiling (frozen layers' gradients are still computed)",
          f"{_n(recipe(r3, 'mask_schedule', 'extra_state_bytes'))} bytes in all (a scalar mask and a mode per variable)",
          "05 recipe 3; recompiling loses the state, trainable without recompile trains the wrong layers"),
         ("keep some entries of a tensor fixed, fixed mask (new output columns / embedding rows)",
          "MaskedOptimizer(hold) + set_mask", f"bit-exact: {_n(recipe(r1, 'exact'))} of {r1.get('old_entries', '?')} old entries moved",
-         f"{_ms(recipe(r1, 'exact', 'step_time_ms'))}/step vs {_ms(recipe(r1, 'gradient_mask', 'step_time_ms'))} gradient mask",
+         _times({m: (recipe(r1, k, 'step_time_ms'), recipe(r1, k, 'step_time_ms_std'))
+                 for m, k in (("exact", "exact"), ("gradient mask", "gradient_mask"), ("constraint", "constraint"))}),
          f"{_n(recipe(r1, 'exact', 'extra_state_bytes'))} bytes of masks",
          f"05 recipe 1; a gradient mask under {r1.get('optimizer', 'AdamW')} moved {_n(recipe(r1, 'gradient_mask', 'moved_min'))} of "
          f"{r1.get('old_entries', '?')} (weight decay)"),
         ("the same job, another way", "a constraint that copies old values back",
          "values exact; the frozen entries' moments keep changing",
-         f"{_ms(recipe(r1, 'constraint', 'step_time_ms'))}/step",
+         f"{_ms(recipe(r1, 'constraint', 'step_time_ms'), 2)}/step (compared in the row above)",
          f"{_n(recipe(r1, 'constraint', 'extra_state_bytes'))} bytes (a copy of the values + mask)", "05 recipe 1"),
         ("pruned weights stay zero while fine-tuning", "MaskedOptimizer(hold) + set_mask(fc1.kernel, keep)",
-         f"bit-exact: {_pct(prune('exact', 'still_zero_min'))} of pruned entries still zero (fewest of {p}'s runs)",
+         ("bit-exact: every pruned entry still zero in every run" if prune('exact', 'still_zero_min') == 1 else
+          f"{_pct(prune('exact', 'still_zero_min'))} of pruned entries still zero (fewest of {p}'s runs)"),
          f"{_ms(prune('exact', 'step_time_ms'))}/CNN step vs {_ms(prune('gradient_mask', 'step_time_ms'))} gradient mask, "
          f"{_ms(prune('constraint', 'step_time_ms'))} re-zeroing constraint ({p} only, mean over sparsities and seeds)",
          f"{_n(prune('exact', 'extra_state_bytes'))} bytes of masks (1 per fc1 kernel entry)",
@@ -136,11 +164,15 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
         (f"fine-tune a fixed {budgets} of entries (FISH-style)",
          "MaskedOptimizer(hold, state='sparse'), masks set before build (or the dense state: any mask, any time)",
          f"exact: {_n(recipe(r4, sparse, 'outside_max'))} entries outside the selection changed; the sparse state "
-         "trains the dense state's bits" + ("" if sparse_state is None else f" ({'yes' if sparse_state['same_bits'] else 'NO'} here)"),
+         "ends with the dense state's weights bit for bit" + (
+             "" if sparse_state is None else " (checked: every seed)" if all(c["same_bits"] for c in by_fraction.values())
+             else " (NOT in every seed of this run)"),
+         (f"sparse state: {sparse_times('state_variant')}; dense state: {sparse_times('dense_variant')}; "
+          f"full fine-tuning: {_ms(recipe(r4, 'full', 'step_time_ms'), 2)}/step") if by_fraction else
          f"{_ms(recipe(r4, sparse, 'step_time_ms'))}/step vs {_ms(recipe(r4, 'full', 'step_time_ms'))} full fine-tuning",
          "dense state: 1 byte of mask per entry; sparse state: optimizer state for the selection only"
          + ("" if sparse_state is None else f" ({_pct(sparse_state['sparse_state_bytes_share'])} of the dense state's "
-                                            f"bytes at a {_pct(sparse_state['fraction'])} budget)"),
+                                            f"bytes at a {_pct(sparse_state['fraction']).replace('.0%', '%')} budget)"),
          "05 recipe 4; Keras' LoRA at a comparable size changes nearly every kernel entry"),
         ("masks that change every step (random sub-networks, block-coordinate)", "MaskedOptimizer(hold, mask_fn=...)",
          f"exact: {_n(recipe(r5, 'exact'))} frozen entry-steps moved",
@@ -149,13 +181,14 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
          "per variable), mask_fn computes each step's masks in the graph",
          f"05 recipe 5; the naive gate moved {_n(recipe(r5, 'naive_gate', 'moved_min'))} or more frozen entry-steps "
          "in every seed; 02: "
-         + (f"adam hold changed {hold02:,.0f} entries" if hold02 is not None else missing)),
+         + (f"random masks (p = 0.5) held exactly under Adam changed {hold02:,.0f} frozen CNN entries" if hold02 is not None
+            else missing)),
         ("a zero gradient / stop_gradient mask (what people do today)", "gate(x, keep), tf.where(keep, g, 0)",
          "exact only where the update depends on the current gradient alone (plain SGD, Adagrad, ...)",
          (f"{ft_time('gate')} vs {ft_time('var_list')}: the frozen layers' zero gradients are still computed; "
           f"05 recipe 5: {_ms(recipe(r5, 'naive_gate', 'step_time_ms'))}/step vs "
           f"{_ms(recipe(r5, 'exact', 'step_time_ms'))} exact") if ft else missing, "none",
-         f"01: frozen entries drift under {len(drifting)} of {n_opt} optimizers ({', '.join(drifting[:6])}...)"
+         f"01: frozen entries drift under {len(drifting)} of {n_opt} optimizers ({', '.join(drifting)})"
          if drift01 else missing),
         ("alternating steps of two networks (GAN)", "two optimizers, or var_list per step",
          "exact (0 changed entries in the frozen network)", "not compared here (03 reports each method's time)",
@@ -164,7 +197,8 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
          if gan03 is not None else missing),
         ("transform gradients between compute and apply (parameter server)",
          "freezing.gradients: one tape, transform, apply", "exact update: x_after == x_before - lr*T(g)",
-         f"per-variable g.eval() costs {eval04:.1f}x one pass" if eval04 is not None else missing, "none",
+         f"04 (TF1 graph): fetching each variable's gradient with its own g.eval() costs {eval04:.1f}x fetching them all "
+         "in one sess.run" if eval04 is not None else missing, "none",
          f"04: max error {exact04}" if exact04 is not None else missing),
     ]
     return pd.DataFrame(rows, columns=["task", "method", "guarantee", "time per step", "memory", "evidence"])
