@@ -26,6 +26,7 @@ import tensorflow as tf
 from freezing import gradients
 from freezing.validation import check_choices, check_int_list, check_positive_int, check_range
 from study.models import deep_mnist_cnn
+from study.prose import fixed, pm
 from study.staleness import STALENESS_OPTIMIZERS
 from study.training import LOSS
 
@@ -303,6 +304,34 @@ def placement_table(result: Mapping[str, Any]) -> pd.DataFrame:
                          "task": shard["task"], "shard shape": "x".join(map(str, shard["shape"])) or "scalar",
                          "bytes": shard["bytes"]})
     return pd.DataFrame(rows)
+
+
+RUN_DISPLAY = {  # ps_table column -> the report's header (units in brackets); CPU seconds are shown in ms
+    "workers": "workers", "n_push": "n_fetch = n_push", "steps": "minibatches", "applied_updates": "updates applied",
+    "steps_per_s": "steps/s (mean ± std over timed windows)", "staleness_mean": "mean staleness [updates]",
+    "staleness_max": "max staleness [updates]", "final_accuracy": "final test accuracy",
+    "worker_cpu_s_per_step": "worker CPU per step [ms]", "ps_cpu_s_per_step": "ps CPU per step [ms]",
+    "worker_cpu_share_min": "smallest share of a core a worker got",
+    "samples_shared_between_workers": "samples both workers read",
+}
+
+
+def runs_display(table: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """``ps_table`` rows as the report shows them: indexed by run, readable headers with units, CPU in ms,
+    steps/s as mean ± std. ``runs_display(ps_table(runs), ["steps_per_s", "final_accuracy"])``"""
+    out = pd.DataFrame(index=pd.Index(table["run"], name="run"))
+    for column in columns:
+        values = table[column].to_numpy()
+        if column == "steps_per_s":
+            shown = [pm(m, s) for m, s in zip(values, table["steps_per_s_std"])]
+        elif column.endswith("_cpu_s_per_step"):
+            shown = [fixed(1e3 * v, 1) for v in values]
+        elif column in ("staleness_mean", "final_accuracy", "worker_cpu_share_min"):
+            shown = [fixed(v, 3 if column == "final_accuracy" else 2) for v in values]
+        else:
+            shown = [f"{int(v):,}" for v in values]
+        out[RUN_DISPLAY[column]] = shown
+    return out
 
 
 def frozen_table(result: Mapping[str, Any]) -> pd.DataFrame:

@@ -58,7 +58,7 @@ def _ms(value: Any, digits: int = 1) -> str:
 
 def _times(named: Mapping[str, tuple[Any, Any]]) -> str:
     """Step times of methods compared in one cell: "1.34 ms/step (exact) vs 1.37 ms (gradient mask)", with two
-    decimals, and "(within seed noise)" when every gap is under the largest std over seeds.
+    decimals, and "; within seed noise" when every gap is under the largest std over seeds.
     ``named`` maps a method's name to (mean, std) of its step time."""
     known = {k: (_number(m), _number(sd) or 0.0) for k, (m, sd) in named.items() if _number(m) is not None}
     if not known:
@@ -68,7 +68,7 @@ def _times(named: Mapping[str, tuple[Any, Any]]) -> str:
         f" vs {_ms(m, 2)} ({k})" for k, (m, _) in items[1:])
     means = [m for m, _ in known.values()]
     if len(means) > 1 and max(means) - min(means) < max(sd for _, sd in known.values()):
-        text += " (within seed noise: the gaps are under one std over seeds)"
+        text += "; within seed noise: the gaps are under one std over seeds"
     return text
 
 
