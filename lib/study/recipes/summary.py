@@ -102,6 +102,12 @@ def state_kept_text(kept: int, boundaries: int, seeds: int, finished: bool = Tru
     return text if finished else f"{text}, then raised"
 
 
+def method_state_kept(r: Mapping[str, Any], trained: bool = True) -> str:
+    """``state_kept_text`` for one unfreezing method's entry of ``recipe_metrics`` (its boundary totals and seeds).
+    ``method_state_kept(metrics["unfreezing"]["methods"]["mask_schedule"])``"""
+    return state_kept_text(r["boundaries_kept_total"], r["boundaries_total"], r["seeds"], trained=trained)
+
+
 def short_error(message: str) -> str:
     """An exception message short enough for a table cell: the error's name and the variable it names.
 
@@ -223,9 +229,7 @@ def headline(metrics: Mapping[str, Any], source: str) -> dict[str, str]:
     for method in ("mask_schedule", "recompile_fresh", "trainable_flip"):
         if method in m3:
             r = m3[method]
-            kept = state_kept_text(r.get("boundaries_kept_total", r["boundaries_kept"] * r["seeds"]),
-                                   r.get("boundaries_total", r["boundaries"] * r["seeds"]), r["seeds"],
-                                   trained=r["unfrozen_trained"])
+            kept = method_state_kept(r, trained=r["unfrozen_trained"])
             out[f"Recipe 3 (gradual unfreezing), {_LABELS[method]}: test accuracy on 5-9 (mean ± std) / stage "
                 "boundaries with the optimizer state kept"] = f"{format_mean_std(r['acc_new'], r['acc_new_std'])} / {kept}"
     if "recompile_same" in m3:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from study.recipes.summary import state_kept_text
+from study.recipes.summary import method_state_kept
 
 
 def _read(results_dir: Path, name: str) -> dict[str, Any]:
@@ -126,9 +126,7 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
                          for c in by_fraction.values())
 
     un = _get(r3, "methods", "mask_schedule") or {}
-    kept3 = (state_kept_text(un.get("boundaries_kept_total", un["boundaries_kept"] * un["seeds"]),
-                             un.get("boundaries_total", un["boundaries"] * un["seeds"]), un["seeds"])
-             if {"boundaries_kept", "boundaries", "seeds"} <= set(un) else "n/a")
+    kept3 = method_state_kept(un) if {"boundaries_kept_total", "boundaries_total", "seeds"} <= set(un) else "n/a"
     budgets = " or ".join(_pct(c["fraction"]).replace(".0%", "%") for c in by_fraction.values()) or "a small share"
     rows = [
         ("freeze whole layers for the whole run (fine-tuning)", "layer.trainable = False, then compile (or a var_list)",
