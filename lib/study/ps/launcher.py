@@ -50,7 +50,9 @@ def run_downpour(config: DownpourConfig, cluster: Any = None, timeout_s: float =
 
     The chief is ``python -m study.ps`` with the chief's ``TF_CONFIG`` (the job's first ``ps`` and
     ``workers`` tasks). Faults: ``kill_worker_at`` kills worker 0; ``kill_ps_at`` kills a ps task (one that does
-    not hold the version counter, when there are two), restarts it, and restarts the chief with ``--resume``;
+    not hold the version counter, when there are two) once the counter is past both ``kill_ps_at`` and the last
+    checkpoint (so the kill loses updates that the restart must redo), restarts it, and restarts the chief with
+    ``--resume``;
     ``kill_chief_at`` kills the chief and restarts it with ``--resume``. Tasks found dead are restarted before a job.
     ``run_downpour(DownpourConfig(workers=2, steps=200))``
     """
@@ -102,6 +104,8 @@ def _launch(config: DownpourConfig, cluster: Any, timeout_s: float) -> dict[str,
                     job_name, index, at = fault
                     if state.get("version", 0) < at:
                         continue
+                    if job_name == "ps" and state.get("version", 0) <= (state.get("checkpoint_version") or 0):
+                        continue  # the counter sits on the last checkpoint: a kill now would lose no update
                     faults.remove(fault)
                     if job_name == "ps":
                         holder = state.get("version_task") or "ps:0"
