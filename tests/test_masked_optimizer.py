@@ -26,9 +26,9 @@ def test_inner_must_be_a_keras_optimizer():
 def test_wrong_mask_shape_names_the_variable_and_the_expected_shape():
     w = _var(shape=(2, 3))
     opt = MaskedOptimizer(keras.optimizers.Adam())
-    with pytest.raises(ValueError, match=r"masks\[0\] for 'w' has shape \(4,\); expected None, a scalar, or a shape "
-                                         r"broadcastable to the variable's \(2, 3\)"):
-        opt.apply_gradients([(tf.ones((2, 3)), w)], masks=[np.ones(4)])
+    with pytest.raises(ValueError, match=r"trainable_masks\[0\] for 'w' has shape \(4,\); expected a scalar or a "
+                                         r"shape broadcastable to the variable's \(2, 3\)"):
+        opt.apply_gradients([(tf.ones((2, 3)), w)], trainable_masks=[np.ones(4)])
     with pytest.raises(ValueError, match="shape"):
         opt.apply_gradients([(tf.ones((2, 3)), w)], masks=[np.ones((1, 2, 3))])
 

@@ -60,7 +60,7 @@ def check_values(array: np.ndarray, what: str, variable: Any) -> None:
         raise ValueError(f"MaskedOptimizer: {what} for {variable_path(variable)!r} has dtype {array.dtype}; expected {ALLOWED}")
     bad = ~((array == 0) | (array == 1))
     if bad.any():
-        first = array[bad].flat[0]
+        first = array[bad].flat[0].item()
         count = int(np.count_nonzero(bad))
         raise ValueError(
             f"MaskedOptimizer: {what} for {variable_path(variable)!r} has {count} value(s) that are not 0 or 1 "

@@ -354,7 +354,8 @@ class WritePath:
         with REGISTRY.passthrough([s for s, _ in deferred]):
             self.plain(gradient, variable, learning_rate)
         if graph is not None:
-            check_writes(graph, start, [variable] + [s for s, _, _ in entry.slots],
+            copied_back = {id(s) for s, _ in deferred}  # written as Keras writes them, then restored below
+            check_writes(graph, start, [variable] + [s for s, _, _ in entry.slots if id(s) not in copied_back],
                          f"{type(self.leaf).__name__}.update_step")
         for (slot, target), old in zip(deferred, before):  # the slots Keras updated, frozen entries copied back
             with REGISTRY.passthrough([slot]), tf.name_scope(GUARD_SCOPE):

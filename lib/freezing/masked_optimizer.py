@@ -258,7 +258,8 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
             modes = tf.Variable(np.zeros(len(var_list), np.int32), dtype=tf.int32, trainable=False, name="modes")
             inner_vars = self._sparse.build(var_list, pending)
         if not self.inner.built:
-            self.inner.build(inner_vars)
+            with tf.init_scope():  # as Keras builds it before fit traces: a trace that failed earlier cannot refuse it
+                self.inner.build(inner_vars)
         for leaf in leaves:
             _keras_api.check(leaf)
         with tf.init_scope():
