@@ -75,11 +75,12 @@ def key(variable: Any) -> int:
     if isinstance(variable, keras.Variable):
         variable = variable.value
     container = getattr(variable, "_distributed_container", None)
-    if container is not None:
-        variable = container()
-    elif hasattr(variable, "handle") and hasattr(variable.handle, "_distributed_container"):
-        variable = variable.handle._distributed_container()
-    return variable._unique_id
+    if container is None:
+        try:  # a replica's copy inside a tf.function: the container hangs off the handle
+            container = getattr(variable.handle, "_distributed_container", None)
+        except (AttributeError, ValueError):  # a DistributedVariable outside a replica context has no handle
+            container = None
+    return (variable if container is None else container())._unique_id
 
 
 def components(variable: Any) -> list[Any]:

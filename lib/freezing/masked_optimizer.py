@@ -221,7 +221,7 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         """
         if not self.built:
             return self.inner.finalize_variable_values(var_list)
-        entries, _ = self._entries(list(self._trainable_variables), None)
+        entries, _ = self._entries(list(self._trainable_variables), None, mask_fn=False)
         with REGISTRY.active(entries):
             self.inner.finalize_variable_values(self._sparse.inner_variables(var_list))
 
@@ -528,7 +528,8 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
             masks = self._sparse.check_call_masks(variables, masks)
         self._step(grads, variables, masks)
 
-    def _entries(self, variables: list[Any], masks: list[Any] | None) -> tuple[dict[int, Any], dict[int, Any]]:
+    def _entries(self, variables: list[Any], masks: list[Any] | None,
+                 mask_fn: bool = True) -> tuple[dict[int, Any], dict[int, Any]]:
         """Each built variable's mask and mode for this step: stored, given for this call, or ANDed with ``mask_fn``'s.
 
         Returns the step's entries (what the guard reads) and the masks made in the graph, by variable key.
@@ -543,7 +544,7 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
             index = self._mask_index[k]
             stored = self._masks.keep[index]
             keep = overrides.get(k)
-            if self.mask_fn is not None and k in called:
+            if mask_fn and self.mask_fn is not None and k in called:
                 extra = self.mask_fn(self.iterations, v)
                 if extra is not None:
                     base = tf.convert_to_tensor(stored) if keep is None else keep
