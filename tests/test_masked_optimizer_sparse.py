@@ -102,7 +102,7 @@ def test_the_selection_is_fixed():
     with pytest.raises(ValueError, match="sparse state for a fixed selection"):
         opt.set_mask(kernel, ~KEEP)
     with pytest.raises(ValueError, match="whose state is sparse"):
-        opt.apply_gradients([(tf.ones(kernel.shape), kernel)], masks=[KEEP])
+        opt.apply_gradients([(tf.ones(kernel.shape), kernel)], trainable_masks=[KEEP])
     opt.set_mask(model.get_layer("fc2").kernel, RNG.random((16, 3)) < 0.5)  # dense variables still take any mask
 
 

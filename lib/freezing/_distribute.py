@@ -5,7 +5,7 @@ Runs, exactly (every replica holds the frozen bits, and the replicas stay identi
 * ``MirroredStrategy`` (one machine, several devices): ``compile``/``fit``, masks set between steps
   or from a callback, ``MaskSchedule``, ``.keras`` save/load, custom loops with ``strategy.run``;
 * ``MultiWorkerMirroredStrategy`` custom loops (``strategy.run`` with ``apply_gradients(...,
-  masks=...)`` or stored masks);
+  trainable_masks=...)`` or stored masks);
 * ``OneDeviceStrategy`` and the default strategy.
 
 Each replica's write reads its own copy of the mask and mode: the guard reads the mask variable inside

@@ -8,7 +8,7 @@ says what the mask means for the step, decided on the host when the mask is stor
 * ``FROZEN`` (1)   -- no entry trains: no update at all, slots untouched;
 * ``ELEMENTS`` (2) -- some entries train: the masked update (``freezing._write_path``).
 
-A mask computed in the graph (``masks=`` in ``apply_gradients``, ``mask_fn``) gets its mode in the
+A mask computed in the graph (``trainable_masks=`` in ``apply_gradients``, ``mask_fn``) gets its mode in the
 graph from two reductions over the mask (``reduce_all``/``reduce_any``).
 """
 

@@ -172,7 +172,7 @@ class SparseState:
         for v, m in zip(variables, masks):
             k = key(v)
             if m is not None and (k in self.entries or k in self.frozen):
-                raise ValueError(f"MaskedOptimizer: masks= for {variable_path(v)!r}, whose state is sparse "
+                raise ValueError(f"MaskedOptimizer: trainable_masks= for {variable_path(v)!r}, whose state is sparse "
                                  "(a fixed selection); pass None for it")
         return masks
 
