@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes
 
 from freezing import FreezeAudit, MaskedOptimizer, slot_initial_value, slots
-from study.optimizers import OPTIMIZERS, make_optimizer
+from optimizer_zoo import OPTIMIZERS, make_optimizer
 
 MASK_KINDS = ("random", "all0", "all1", "scalar0", "scalar1")
 PROPERTY = settings(max_examples=12, deadline=None, derandomize=True,

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import keras
 from freezing import MaskedOptimizer, diagnose, slots
-from study.optimizers import OPTIMIZERS, make_optimizer
+from optimizer_zoo import OPTIMIZERS, make_optimizer
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(48, 8)).astype("float32")

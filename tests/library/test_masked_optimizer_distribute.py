@@ -9,15 +9,24 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from study.ps.local import free_ports
 
 CHILD = Path(__file__).with_name("distribute_child.py")
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` ports the system hands out now, held open together so that they are distinct."""
+    servers = [socket.create_server(("localhost", 0)) for _ in range(n)]
+    ports = [s.getsockname()[1] for s in servers]
+    for s in servers:
+        s.close()
+    return ports
 TIMEOUT_S = 600
 
 

@@ -14,7 +14,7 @@ from hypothesis.extra.numpy import array_shapes
 import keras
 from freezing import MaskedOptimizer, slots
 from freezing.audit import changed_bits
-from study.optimizers import OPTIMIZERS, make_optimizer
+from optimizer_zoo import OPTIMIZERS, make_optimizer
 
 EVERY = {**{name: (lambda lr, n=name: make_optimizer(n, lr)) for name in OPTIMIZERS},
          "adafactor": lambda lr: keras.optimizers.Adafactor(lr)}
