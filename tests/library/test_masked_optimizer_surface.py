@@ -141,6 +141,30 @@ def test_reset_with_a_sparse_gradient_leaves_trainable_rows_outside_the_batch_al
     assert table.numpy()[[0, 2, 3]].tobytes() == plain_table.numpy()[[0, 2, 3]].tobytes()
 
 
+class LastGradient(keras.optimizers.SGD):
+    """SGD that also keeps each variable's last gradient, written with ``assign`` (a scatter when it is sparse)."""
+
+    def build(self, variables):
+        super().build(variables)
+        self.last = [self.add_variable_from_reference(v, "last_gradient") for v in variables]
+
+    def update_step(self, gradient, variable, learning_rate):
+        self.assign(self.last[self._get_variable_index(variable)], gradient)
+        super().update_step(gradient, variable, learning_rate)
+
+
+def test_reset_with_a_sparse_assign_writes_no_zeros_into_trainable_rows_outside_the_batch():
+    """freezing 0.2 densified an IndexedSlices ``assign`` under policy="reset" and zeroed untouched trainable rows."""
+    table = keras.Variable(np.ones((4, 2), np.float32), name="table")
+    opt = MaskedOptimizer(LastGradient(0.1), policy="reset")
+    opt.apply_gradients([(tf.fill((4, 2), 3.0), table)])
+    keep = np.array([[True], [False], [True], [True]])
+    grad = tf.IndexedSlices(tf.ones((1, 2)), tf.constant([0]), dense_shape=(4, 2))
+    opt.apply_gradients([(grad, table)], trainable_masks=[keep])
+    last = slots(opt, table)["last_gradient"].numpy()
+    assert last.tolist() == [[1.0, 1.0], [0.0, 0.0], [3.0, 3.0], [3.0, 3.0]]  # row 1 reset; rows 2, 3 untouched
+
+
 def test_a_learning_rate_on_the_wrapper_is_refused_with_where_it_belongs():
     with pytest.raises(ValueError, match=r"learning_rate=0.1 belongs on the inner optimizer"):
         MaskedOptimizer("adam", learning_rate=0.1)
