@@ -306,7 +306,7 @@ def _build(self: MaskedOptimizer, var_list: Any) -> None:
         keep = pass_mask(run.pass_name, index, tuple(variable.shape))
         with tf.init_scope(), real_variable_writes():  # build may run while fit traces its step
             self.set_mask(variable, keep)
-        label = getattr(variable, "path", None) or variable.name
+        label = f"{getattr(variable, 'path', None) or variable.name} (variable {index})"
         run.entries.append(Masked(variable, keep, elementwise, label, self))
         for name, slot in _slots_of(self, variable):
             run.entries.append(Masked(slot, keep, elementwise, f"{name}[{label}]", self))
