@@ -56,6 +56,10 @@ from freezing import MaskedOptimizer  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PASSES = ("nomask", "alltrue", "half")
+SEED = 0
+"""Seeds Python, numpy and TensorFlow before every test: a few Keras tests draw unseeded random inputs, and with
+half the weights frozen, test_tf_checkpointing's "the prediction moved by more than 1e-3" then holds for some
+draws and not others."""
 
 KERAS_TEST_MODULES = (
     "adadelta_test", "adafactor_test", "adagrad_test", "adam_test", "adamax_test", "adamw_test", "ftrl_test",
@@ -396,6 +400,9 @@ def reduced(name: str, base: Callable[..., Any], actual: Any, desired: Any, *arg
         if keep.all():
             run.stats["on_masked_all_true"] += 1
             return base(actual, desired, *args, **kwargs)
+        if not keep.any():
+            run.stats["on_masked_all_frozen"] += 1  # nothing to compare: the bit checks cover its entries
+            return None if name != "assertNotAllClose" else base(actual, desired, *args, **kwargs)
         run.stats["on_masked_trainable_only"] += 1
         run.stats["entries_compared"] += int(keep.sum())
         trainable = a[keep]

@@ -69,6 +69,7 @@ def _suite_class(module, keras_class: type, variant: str, pass_name: str) -> typ
         self.addCleanup(harness.finish, f"{type(self).__name__}::{self._testMethodName}")
         self.addCleanup(stack.close)
         stack.enter_context(mock.patch.dict(module.__dict__, substitutions))
+        keras.utils.set_random_seed(harness.SEED)  # Keras' tests draw unseeded random inputs
         keras_class.setUp(self)
 
     body = {
