@@ -70,7 +70,7 @@ def pytest_runtest_makereport(item, call):
     message = call.excinfo.exconly() if call.excinfo is not None else str(report.longrepr)
     if expectation.match in message:
         report.outcome = "skipped"
-        report.wasxfail = f"{tag}: {expectation.why}"
+        report.wasxfail = f"{tag} ({expectation.list_name}.toml entry {expectation.entry}): {expectation.match}"
     else:
         report.longrepr = (f"{report.longrepr}\n\n{item.nodeid} is on {expectation.list_name}.toml, expected to "
                            f"fail with {expectation.match!r}, but failed otherwise")
@@ -119,9 +119,11 @@ def pytest_terminal_summary(terminalreporter):
     tr.write_line("What the passed tests checked, per pass:")
     for pass_name in passes:
         c = _checks[pass_name]
+        on_masked = c["on_masked_all_true"] + c["on_masked_trainable_only"] + c["on_masked_all_frozen"]
         tr.write_line(
-            f"  {pass_name:8} numeric assertions {c['numeric_assertions']}, on masked variables/slots "
-            f"{c['on_masked_trainable_only'] + c['on_masked_all_true']} (trainable entries only "
-            f"{c['on_masked_trainable_only']}, of which finiteness only {c['finiteness_only']}; "
-            f"{c['entries_compared']} entries compared), masked variables {c['masked_variables']}, "
-            f"frozen-bit checks {c['bit_checks_eager']} eager + {c['bit_checks_traced']} traced")
+            f"  {pass_name:8} numeric assertions {c['numeric_assertions']}; on a masked variable or slot "
+            f"{on_masked}: all-True mask {c['on_masked_all_true']}, trainable entries only "
+            f"{c['on_masked_trainable_only']} ({c['entries_compared']} entries; finiteness only "
+            f"{c['finiteness_only']}), wholly frozen {c['on_masked_all_frozen']}; masked variables "
+            f"{c['masked_variables']}; frozen-bit checks {c['bit_checks_eager']} eager + "
+            f"{c['bit_checks_traced']} traced")

@@ -182,7 +182,7 @@ _NP_BITS = {2: np.int16, 4: np.int32, 8: np.int64}
 
 
 def np_bits(value: Any) -> np.ndarray:
-    array = np.asarray(keras.ops.convert_to_numpy(value))
+    array = np.asarray(value.numpy() if isinstance(value, (keras.Variable, tf.Variable)) else value)
     return array.view(_NP_BITS[array.dtype.itemsize])
 
 
