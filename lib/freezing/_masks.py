@@ -190,6 +190,7 @@ def keep_rows(keep: tf.Tensor, indices: tf.Tensor, rank: int) -> tf.Tensor:
 def zero_where_frozen(grad: Any, keep: tf.Tensor, variable: Any) -> Any:
     """The gradient with frozen entries' values set to 0 (an ``IndexedSlices`` stays sparse)."""
     if isinstance(grad, tf.IndexedSlices):
+        grad = tf.IndexedSlices(grad.values, tf.convert_to_tensor(grad.indices), grad.dense_shape)  # a tuple too
         rows = keep_rows(keep, grad.indices, len(variable.shape))
         values = tf.where(rows, grad.values, tf.zeros((), grad.values.dtype))
         return tf.IndexedSlices(values, grad.indices, grad.dense_shape)

@@ -40,7 +40,8 @@ class SavedState:
         [True, False]
         """
         if not self.built:
-            raise ValueError("MaskedOptimizer.set_weights: build the optimizer first (opt.build(model.trainable_variables))")
+            raise ValueError("You are calling `set_weights()` on a MaskedOptimizer that has not yet been built; build it "
+                             "first: opt.build(model.trainable_variables)")
         self._assign_all([np.asarray(w) for w in weights], "set_weights")
 
     def get_weights(self) -> list[np.ndarray]:

@@ -17,10 +17,11 @@ from typing import Any
 FORWARDED = {
     "use_ema": False, "ema_momentum": 0.99, "ema_overwrite_frequency": None, "clipnorm": None,
     "global_clipnorm": None, "clipvalue": None, "weight_decay": None, "gradient_accumulation_steps": None,
-    "loss_scale_factor": None,
+    "loss_scale_factor": None, "_iterations": None,
 }
 """The inner optimizer's options a wrapper reads and writes through, with Keras' defaults (what the
-wrapper answers while it is being constructed and while Keras builds its own, unused, state)."""
+wrapper answers while it is being constructed and while Keras builds its own, unused, state). The step
+counter ``_iterations`` is Keras' own name for it, read by its tests and callbacks."""
 
 
 def _forward(name: str, default: Any) -> property:

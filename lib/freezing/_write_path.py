@@ -312,7 +312,7 @@ class WritePath:
 
     def __init__(self, leaf: keras.optimizers.Optimizer):
         self.leaf = leaf
-        self.plain = leaf.update_step
+        self.plain = type(leaf).update_step.__get__(leaf)  # Keras' own, even if another wrapper installed a path
         self.elementwise = isinstance(leaf, ELEMENTWISE)
         object.__setattr__(leaf, "update_step", self.update_step)
 

@@ -258,8 +258,8 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
             modes = tf.Variable(np.zeros(len(var_list), np.int32), dtype=tf.int32, trainable=False, name="modes")
             inner_vars = self._sparse.build(var_list, pending)
         if not self.inner.built:
-            with tf.init_scope():  # as Keras builds it before fit traces: a trace that failed earlier cannot refuse it
-                self.inner.build(inner_vars)
+            self.inner.build(inner_vars)
+        leaves = _leaves(self.inner)  # again: a MultiOptimizer with a selector finds its optimizers at build
         for leaf in leaves:
             _keras_api.check(leaf)
         with tf.init_scope():
@@ -267,9 +267,10 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
                 self._mask_index[_keras_api.key(v)] = i
             self._masks.keep.extend(keeps)
             self._masks.mode = modes
+            for v in inner_vars:
+                install(v)
             for leaf in leaves:
                 for v in inner_vars:
-                    install(v)
                     if _keras_api.knows(leaf, v):
                         for values in _keras_api.per_variable_lists(leaf).values():
                             if values[_keras_api.index(leaf, v)] is not None:
@@ -527,6 +528,27 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
                      for i, (m, v) in enumerate(zip(masks, variables))]
             masks = self._sparse.check_call_masks(variables, masks)
         self._step(grads, variables, masks)
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        """Keras' per-variable update, by the inner optimizer that updates ``variable``, with its stored mask in force.
+
+        ``apply`` is what training calls; this is for code that drives one variable's update itself.
+
+        >>> w = keras.Variable([1.0, 2.0], name="w"); opt = MaskedOptimizer(keras.optimizers.SGD()); opt.build([w])
+        >>> opt.set_mask(w, [True, False]); opt.update_step(np.float32([1.0, 1.0]), w, 0.5); w.numpy().tolist()
+        [0.5, 2.0]
+        """
+        leaf = next((o for o in self._leaves() if _keras_api.knows(o, variable)), self._leaves()[0])
+        entries, _ = self._entries([variable], None, mask_fn=False)
+        with REGISTRY.active(entries):
+            leaf.update_step(gradient, variable, learning_rate)
+
+    def _apply_weight_decay(self, variables: Sequence[Any]) -> None:
+        """The inner optimizers' weight decay (their own rule: Muon's too), with the stored masks in force."""
+        entries, _ = self._entries(list(variables), None, mask_fn=False)
+        with REGISTRY.active(entries):
+            for leaf in self._leaves():
+                leaf._apply_weight_decay([v for v in variables if _keras_api.knows(leaf, v)] if leaf.built else variables)
 
     def _entries(self, variables: list[Any], masks: list[Any] | None,
                  mask_fn: bool = True) -> tuple[dict[int, Any], dict[int, Any]]:

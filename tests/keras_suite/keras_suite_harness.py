@@ -200,6 +200,7 @@ class Masked:
     elementwise: bool
     label: str
     optimizer: MaskedOptimizer
+    follows: Any = None  # an EMA average: its frozen entries hold the weight's bits, not their own
 
 
 @dataclasses.dataclass
@@ -313,7 +314,8 @@ def _build(self: MaskedOptimizer, var_list: Any) -> None:
         label = f"{getattr(variable, 'path', None) or variable.name} (variable {index})"
         run.entries.append(Masked(variable, keep, elementwise, label, self))
         for name, slot in _slots_of(self, variable):
-            run.entries.append(Masked(slot, keep, elementwise, f"{name}[{label}]", self))
+            follows = variable if name.endswith("._model_variables_moving_average") else None
+            run.entries.append(Masked(slot, keep, elementwise, f"{name}[{label}]", self, follows))
     run.stats["masked_variables"] += len(list(var_list))
 
 
@@ -332,6 +334,8 @@ def _checked(method: str) -> Callable[..., Any]:
             result = _ORIGINAL[method](self, *args, **kwargs)
             for e, old in zip(watched, before):
                 new = np_bits(e.variable)
+                if e.follows is not None:  # a frozen entry's EMA average is its weight, bit for bit
+                    old = np_bits(e.follows)
                 changed = np.flatnonzero((old != new) & ~e.keep)
                 run.stats["bit_checks_eager"] += 1
                 if changed.size:
@@ -343,6 +347,8 @@ def _checked(method: str) -> Callable[..., Any]:
         before = [tf_bits(e.variable) for e in watched]
         result = _ORIGINAL[method](self, *args, **kwargs)
         for e, old in zip(watched, before):
+            if e.follows is not None:  # a frozen entry's EMA average is its weight, bit for bit
+                old = tf_bits(e.follows)
             frozen = tf.constant(~e.keep.reshape(-1))
             tf.debugging.assert_equal(
                 tf.boolean_mask(tf.reshape(tf_bits(e.variable), [-1]), frozen),
