@@ -26,6 +26,8 @@ OPTIMIZER_NAMES = {
     "_trainable_variables_indices": "a dict: variable key -> index into that list",
     "_use_weight_decay": "a method: variable -> whether weight decay applies to it",
     "_distribution_strategy": "the tf.distribute strategy the optimizer was created under",
+    "_clip_gradients": "a method: gradients -> clipped gradients",
+    "_apply_weight_decay": "a method: variables -> None, decays them",
 }
 
 
@@ -66,14 +68,28 @@ def check(optimizer: keras.optimizers.Optimizer) -> None:
 
 
 # -- variables ---------------------------------------------------------------------------------------
+def tf_variable(variable: Any) -> Any:
+    """The ``tf.Variable`` behind a Keras variable (its ``value``), or ``variable`` itself.
+
+    Not ``isinstance(variable, keras.Variable)``: in Keras 3.5 the variables an optimizer creates are not
+    instances of the exported ``keras.Variable`` class.
+
+    >>> v = keras.Variable([1.0]); tf_variable(v) is v.value, tf_variable(v.value) is v.value
+    (True, True)
+    """
+    if isinstance(variable, tf.Variable):
+        return variable
+    value = getattr(variable, "value", None)
+    return value if isinstance(value, tf.Variable) else variable
+
+
 def key(variable: Any) -> int:
     """A stable key of a variable: the same for a Keras variable, its ``tf.Variable`` and each replica's copy.
 
     >>> v = keras.Variable([1.0]); key(v) == key(v.value)
     True
     """
-    if isinstance(variable, keras.Variable):
-        variable = variable.value
+    variable = tf_variable(variable)
     container = getattr(variable, "_distributed_container", None)
     if container is None:
         try:  # a replica's copy inside a tf.function: the container hangs off the handle
@@ -85,7 +101,7 @@ def key(variable: Any) -> int:
 
 def components(variable: Any) -> list[Any]:
     """The ``tf.Variable`` objects that hold ``variable``'s values: one, or one per replica under a strategy."""
-    value = variable.value if isinstance(variable, keras.Variable) else variable
+    value = tf_variable(variable)
     values = getattr(value, "values", None)  # a tf.distribute DistributedVariable
     return list(values) if isinstance(values, (tuple, list)) else [value]
 
@@ -108,6 +124,16 @@ def index(optimizer: Any, variable: Any) -> int:
 def uses_weight_decay(optimizer: Any, variable: Any) -> bool:
     """Whether ``optimizer`` decays ``variable`` (weight decay set, and the variable not excluded)."""
     return bool(optimizer.weight_decay) and bool(optimizer._use_weight_decay(variable))
+
+
+def clip_gradients(optimizer: Any, grads: Sequence[Any]) -> Any:
+    """The optimizer's own gradient clipping (``clipnorm``, ``global_clipnorm``, ``clipvalue``)."""
+    return optimizer._clip_gradients(grads)
+
+
+def apply_weight_decay(optimizer: Any, variables: Sequence[Any]) -> None:
+    """The optimizer's own weight decay of ``variables`` (its rule: Muon has its own)."""
+    optimizer._apply_weight_decay(variables)
 
 
 def strategy_of(optimizer: Any) -> Any:

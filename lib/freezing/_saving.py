@@ -15,7 +15,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from freezing import _masks
+from freezing import _keras_api, _masks
 from freezing.selection import variable_path
 
 
@@ -61,7 +61,7 @@ class SavedState:
                 f"MaskedOptimizer.{where}: got {len(values)} values for {len(variables)} variables; was it saved "
                 "from the same model and optimizer?"
             )
-        masks = {id(m): v for m, v in zip(self._masks.keep, self._trainable_variables)}
+        masks = {id(m): v for m, v in zip(self._masks.keep, _keras_api.trainable_variables(self))}
         for value, variable in zip(values, variables):
             if id(variable) in masks:
                 _masks.check_mask(value, masks[id(variable)], where)

@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from freezing import _masks
-from freezing._keras_api import key
+from freezing._keras_api import key, tf_variable, trainable_variables
 from freezing.selection import variable_path
 
 class _Entry:
@@ -106,7 +106,7 @@ class SparseState:
     def sizes(self) -> list[int | None]:
         """K per built variable (None: dense state), for the config: what ``build`` needs before loading the state."""
         out = []
-        for v in self.wrapper._trainable_variables:
+        for v in trainable_variables(self.wrapper):
             k = key(v)
             out.append(0 if k in self.frozen else self.entries[k].size if k in self.entries else None)
         return out
@@ -205,7 +205,7 @@ class SparseState:
         """Write the updated scratch values back into their variables."""
         for entry in getattr(self, "_pending_scatter", []):
             where = _unravel(tf.convert_to_tensor(entry.index), tuple(entry.variable.shape))
-            variable = entry.variable.value if isinstance(entry.variable, keras.Variable) else entry.variable
+            variable = tf_variable(entry.variable)
             variable.scatter_nd_update(where, tf.convert_to_tensor(entry.values))
         self._pending_scatter = []
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from freezing import _keras_api
+
 FORWARDED = {
     "use_ema": False, "ema_momentum": 0.99, "ema_overwrite_frequency": None, "clipnorm": None,
     "global_clipnorm": None, "clipvalue": None, "weight_decay": None, "gradient_accumulation_steps": None,
@@ -90,7 +92,7 @@ class InnerSurface:
         return self.inner.scale_loss(loss)
 
     def _clip_gradients(self, grads: Sequence[Any]) -> Any:
-        return self.inner._clip_gradients(grads)
+        return _keras_api.clip_gradients(self.inner, grads)
 
     def exclude_from_weight_decay(self, var_list: Sequence[Any] | None = None,
                                   var_names: Sequence[str] | None = None) -> None:
@@ -100,11 +102,13 @@ class InnerSurface:
             var_list: variables to exclude.
             var_names: substrings: a variable whose name contains one is excluded.
 
-        >>> import keras; from freezing import MaskedOptimizer
-        >>> opt = MaskedOptimizer(keras.optimizers.AdamW(weight_decay=0.1))
+        >>> import keras, numpy as np; from freezing import MaskedOptimizer
+        >>> bias, kernel = keras.Variable([1.0], name="bias"), keras.Variable([1.0], name="kernel")
+        >>> opt = MaskedOptimizer(keras.optimizers.AdamW(1.0, weight_decay=0.1))
         >>> opt.exclude_from_weight_decay(var_names=["bias"])
-        >>> opt.inner._use_weight_decay(keras.Variable([1.0], name="bias"))
-        False
+        >>> _ = opt.apply_gradients([(np.zeros(1, "float32"), bias), (np.zeros(1, "float32"), kernel)])
+        >>> bias.numpy().tolist(), kernel.numpy().tolist()  # only the kernel decayed
+        ([1.0], [0.8999999761581421])
         """
         for leaf in self._leaves():
             leaf.exclude_from_weight_decay(var_list=var_list, var_names=var_names)

@@ -221,7 +221,7 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         """
         if not self.built:
             return self.inner.finalize_variable_values(var_list)
-        entries, _ = self._entries(list(self._trainable_variables), None, mask_fn=False)
+        entries, _ = self._entries(_keras_api.trainable_variables(self), None, mask_fn=False)
         with REGISTRY.active(entries):
             self.inner.finalize_variable_values(self._sparse.inner_variables(var_list))
 
@@ -307,7 +307,7 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         if not self.built:
             return variable_path(target) if not isinstance(target, str) else target
         if isinstance(target, str):
-            by_path = {variable_path(v): v for v in self._trainable_variables}
+            by_path = {variable_path(v): v for v in _keras_api.trainable_variables(self)}
             if target in by_path:
                 return by_path[target]
             close = difflib.get_close_matches(target, list(by_path), n=3, cutoff=0.5)
@@ -318,7 +318,7 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         if _keras_api.key(target) not in self._mask_index:
             raise ValueError(
                 f"MaskedOptimizer: variable {variable_path(target)!r} is not one this optimizer was built "
-                f"with ({len(self._trainable_variables)} variables); build it with every variable it will "
+                f"with ({len(_keras_api.trainable_variables(self))} variables); build it with every variable it will "
                 "update, e.g. opt.build(model.trainable_variables)"
             )
         return target
@@ -507,7 +507,7 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         if trainable_variables is None:
             if not self.built:
                 raise ValueError("MaskedOptimizer.apply: pass the variables, or build the optimizer first")
-            variables = list(self._trainable_variables)
+            variables = _keras_api.trainable_variables(self)
         else:
             variables = list(trainable_variables)
             if not self.built:
@@ -548,7 +548,7 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         entries, _ = self._entries(list(variables), None, mask_fn=False)
         with REGISTRY.active(entries):
             for leaf in self._leaves():
-                leaf._apply_weight_decay([v for v in variables if _keras_api.knows(leaf, v)] if leaf.built else variables)
+                _keras_api.apply_weight_decay(leaf, [v for v in variables if _keras_api.knows(leaf, v)] if leaf.built else variables)
 
     def _entries(self, variables: list[Any], masks: list[Any] | None,
                  mask_fn: bool = True) -> tuple[dict[int, Any], dict[int, Any]]:
@@ -559,7 +559,7 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         called = [_keras_api.key(v) for v in variables]
         overrides = {} if masks is None else {k: m for k, m in zip(called, masks) if m is not None}
         keeps, modes, in_graph = {}, {}, {}
-        for v in self._trainable_variables:
+        for v in _keras_api.trainable_variables(self):
             k = _keras_api.key(v)
             if self._sparse.holds(v):
                 continue
@@ -578,7 +578,7 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
             elif not (tf.executing_eagerly() and int(self._masks.mode[index]) == _masks.UNMASKED):
                 keeps[k] = lambda stored=stored: tf.convert_to_tensor(stored)
                 modes[k] = lambda index=index: tf.gather(tf.convert_to_tensor(self._masks.mode), index)
-        return entries_for(self._leaves(), self._trainable_variables, keeps, modes), in_graph
+        return entries_for(self._leaves(), _keras_api.trainable_variables(self), keeps, modes), in_graph
 
     def _step(self, grads: list[Any], variables: list[Any], masks: list[Any] | None) -> None:
         """One step: the masks and modes, the gradients the policy calls for, then the inner ``apply`` under the guard."""
