@@ -68,7 +68,8 @@ KERAS_TEST_MODULES = (
 )
 """The optimizer test files of Keras 3.15.1; a file missing from the installed wheel is reported, not run."""
 
-WRAPPERS = (keras_optimizers.LossScaleOptimizer, keras_optimizers.MultiOptimizer)
+MULTI = getattr(keras_optimizers, "MultiOptimizer", None)  # Keras 3.15 has it; 3.5 does not
+WRAPPERS = (keras_optimizers.LossScaleOptimizer,) + ((MULTI,) if MULTI is not None else ())
 
 ELEMENTWISE = {"SGD", "Adam", "AdamW", "Adamax", "Nadam", "RMSprop", "Adagrad", "Adadelta", "Ftrl", "Lion",
                "ScatterUpdateOptimizer"}
@@ -254,7 +255,7 @@ def _leaves(optimizer: Any) -> list[Any]:
     inner = getattr(optimizer, "inner", None) or getattr(optimizer, "inner_optimizer", None)
     if inner is not None:
         return _leaves(inner)
-    if isinstance(optimizer, keras_optimizers.MultiOptimizer):
+    if MULTI is not None and isinstance(optimizer, MULTI):
         return [leaf for sub in optimizer.optimizers for leaf in _leaves(sub)]
     return [optimizer]
 

@@ -2,7 +2,6 @@
 
 import keras
 import numpy as np
-import pandas as pd
 import pytest
 import tensorflow as tf
 
@@ -78,7 +77,7 @@ def test_masks_change_every_call_inside_one_tf_function_without_retracing():
             step(tf.constant(keep))
     assert step.experimental_get_tracing_count() == 1
     assert audit.changed == 0
-    assert pd.DataFrame(audit.rows())["frozen"].sum() > 0
+    assert sum(r["frozen"] for r in audit.rows()) > 0
 
 
 def test_weight_decay_never_touches_frozen_entries():

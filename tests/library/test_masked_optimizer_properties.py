@@ -4,7 +4,6 @@ Random shapes, random masks that change every step, and the edge masks (all-0, a
 """
 
 import numpy as np
-import pandas as pd
 import pytest
 import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
@@ -62,11 +61,12 @@ def test_frozen_entries_never_change(name, policy, case):
         if policy == "reset":
             for slot_name, slot in slots(opt, w).items():
                 assert np.all(slot.numpy()[frozen] == slot_initial_value(opt, slot_name)), slot_name
-    table = pd.DataFrame(audit.rows())
-    assert table.query("tensor == 'w'")["frozen"].sum() == n_frozen  # the audit saw every frozen entry
-    assert table.query("tensor == 'w'")["changed"].sum() == 0, table.query("changed > 0")
+    rows = [r for r in audit.rows() if r["tensor"] == "w"]
+    moved = [r for r in audit.rows() if r["changed"] > 0]
+    assert sum(r["frozen"] for r in rows) == n_frozen  # the audit saw every frozen entry
+    assert sum(r["changed"] for r in rows) == 0, moved
     if policy == "hold":
-        assert audit.changed == 0, table.query("changed > 0")
+        assert audit.changed == 0, moved
 
 
 def _twins(name: str, policy: str, shape: tuple, rng: np.random.Generator):
