@@ -41,7 +41,8 @@ def _keras_slots(optimizer: keras.optimizers.Optimizer, variable: Any) -> dict[s
         if slot is None:
             continue
         path = slot.path
-        name = path[len(prefix):] if path.startswith(prefix) else attr.strip("_")
+        # Keras 3.15 names a slot "<optimizer>/<variable path>_<slot>"; Keras 3.5's Adagrad "<optimizer>/<slot>"
+        name = path[len(prefix):] if path.startswith(prefix) else path.rsplit("/", 1)[-1] or attr.strip("_")
         result[name] = slot
     return result
 

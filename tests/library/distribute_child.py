@@ -26,7 +26,7 @@ if __name__ == "__main__" and sys.argv[1:2] == ["mirrored"]:  # only as a child;
 
 import keras  # noqa: E402
 
-from freezing import MaskedOptimizer, MaskSchedule, _write_path, diagnose, slots  # noqa: E402
+from freezing import MaskedOptimizer, MaskSchedule, _keras_api, _write_path, diagnose, slots  # noqa: E402
 from freezing.audit import changed_bits  # noqa: E402
 
 RNG = np.random.default_rng(0)
@@ -46,9 +46,7 @@ def model_and_optimizer(strategy, inner=lambda: keras.optimizers.AdamW(0.05, wei
 
 def replicas(variable) -> list[np.ndarray]:
     """Every replica's copy of a (mirrored) variable."""
-    v = variable.value if isinstance(variable, keras.Variable) else variable
-    values = getattr(v, "values", None)
-    return [np.array(c.numpy()) for c in values] if values is not None else [np.array(v.numpy())]
+    return [np.array(c.numpy()) for c in _keras_api.components(variable)]
 
 
 def tensors(opt, variable) -> list:
@@ -73,9 +71,7 @@ def frozen_changed(before, after, keep) -> int:
 
 def fused_functions(variable) -> int:
     """The XLA-compiled masked writes the guard made for a variable, over its replicas' copies."""
-    v = variable.value if isinstance(variable, keras.Variable) else variable
-    copies = getattr(v, "values", None) or [v]
-    return sum(len(c.assign.fused) for c in copies if hasattr(c.assign, "fused"))
+    return sum(len(c.assign.fused) for c in _keras_api.components(variable) if hasattr(c.assign, "fused"))
 
 
 def replicas_identical(opt, variable) -> bool:
@@ -105,7 +101,8 @@ def mirrored() -> dict:
         out[f"{tag}fit_bits"] = hashlib.sha256(after[0][0].tobytes()).hexdigest()
     _write_path.FUSE_ABOVE = 1 << 17
     _write_path.DISPATCH_ABOVE = 0  # the rest of the checks with every variable dispatching on its mode
-    out["fit_mirrored_variables"] = type(kernel.value).__name__
+    out["fit_mirrored_variables"] = type(_keras_api.tf_variable(kernel)).__name__
+    out["fit_copies_checked"] = len(replicas(kernel))  # every check below reads both replicas' copies
 
     # 1b. special values in frozen entries, copied and never recomputed: subnormals and -0.0 in the weights (finite:
     # the forward pass reads them), NaN and inf in the frozen entries of the slots; and a constraint applied by each
@@ -191,7 +188,7 @@ def mirrored() -> dict:
     loaded.fit(X, Y, epochs=1, batch_size=8, verbose=0, shuffle=False)
     out["load_frozen_changed"] = frozen_changed(before, snapshot(lopt, lkernel), KEEP)
     out["load_replicas_identical"] = replicas_identical(lopt, lkernel)
-    out["load_variables_mirrored"] = type(lkernel.value).__name__
+    out["load_variables_mirrored"] = type(_keras_api.tf_variable(lkernel)).__name__
 
     # 5. a custom loop: strategy.run with per-call masks
     model, opt = model_and_optimizer(strategy)

@@ -10,6 +10,8 @@ import freezing.masked_optimizer as masked_module
 from freezing.diagnose import CAUSES, FIXES, Cause, Diagnosis, diagnose
 from freezing.slots import slots
 
+import keras_features
+
 X = np.random.RandomState(0).randn(16, 3).astype("float32")
 Y = np.random.RandomState(1).randn(16, 1).astype("float32")
 K = keras.optimizers
@@ -321,6 +323,7 @@ def test_real_masked_optimizer(policy):
         assert d == {("a/kernel", "not_masked"): 4, ("a/kernel", "moments"): exposed, ("a/kernel", "weight_decay"): exposed}
 
 
+@keras_features.needs("MultiOptimizer", "OptimizerMap")
 def test_multi_optimizer_uses_each_variables_own_optimizer():
     model = make()
     optimizer_map = K.OptimizerMap(default_optimizer=K.SGD(0.1), optimizer_map={"a/.*": K.AdamW(0.1, weight_decay=0.1)})

@@ -16,6 +16,8 @@ from freezing import MaskedOptimizer, slots
 from freezing import _keras_api
 from freezing._write_path import ELEMENTWISE
 
+import keras_features
+
 SPECIAL = np.array([1e-40, -1e-39, -0.0, np.inf, -np.inf, np.nan, 3.0, -2.0], np.float32)
 KEEP = np.array([0, 0, 0, 0, 0, 0, 1, 1], bool)  # the special values frozen, two normal entries trainable
 
@@ -29,10 +31,11 @@ INNERS = {
     "lion": lambda: keras.optimizers.Lion(0.1),
     "lamb": lambda: keras.optimizers.Lamb(0.1),
     "adafactor": lambda: keras.optimizers.Adafactor(0.1),
-    "muon": lambda: keras.optimizers.Muon(0.1),
     "ema": lambda: keras.optimizers.Adam(0.1, use_ema=True, ema_overwrite_frequency=2),
     "accumulate": lambda: keras.optimizers.Adam(0.1, gradient_accumulation_steps=2),
 }
+if keras_features.has("Muon"):
+    INNERS["muon"] = lambda: keras.optimizers.Muon(0.1)
 
 
 def bits(x):

@@ -75,6 +75,7 @@ def workers(tmp_path_factory) -> list[dict]:
 @pytest.mark.parametrize("write", ["", "dispatch_", "fused_"], ids=["small", "dispatch", "fused"])
 def test_fit_holds_frozen_bits_on_every_replica_and_replicas_stay_identical(mirrored, write):
     assert mirrored["replicas"] == 2 and mirrored["fit_mirrored_variables"] == "MirroredVariable"
+    assert mirrored["fit_copies_checked"] == 2
     assert mirrored[f"{write}fit_frozen_changed"] == 0  # value, m and v of every frozen entry, on both replicas
     assert mirrored[f"{write}fit_trainable_moved"] and mirrored[f"{write}fit_replicas_identical"]
     assert (mirrored[f"{write}fit_functions"] > 0) == (write == "fused_")

@@ -8,6 +8,8 @@ import keras
 from freezing import MaskedOptimizer, MaskSchedule, slots
 from freezing.audit import changed_bits
 
+import keras_features
+
 
 def _model(constraint=None, seed=0):
     keras.utils.set_random_seed(seed)
@@ -390,6 +392,7 @@ def test_mixed_precision_keeps_frozen_entries_bit_exact(nesting):
         keras.mixed_precision.set_dtype_policy("float32")
 
 
+@keras_features.needs("MultiOptimizer", "OptimizerMap")
 @pytest.mark.parametrize("nesting", ["multi_inside", "masked_inside_multi"])
 def test_multi_optimizer_in_both_nestings(nesting):
     model = _model()
