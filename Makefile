@@ -38,7 +38,7 @@ $(OLDEST_STAMP): requirements-oldest.txt pyproject.toml
 	@touch $(OLDEST_STAMP)
 
 test-oldest: $(OLDEST_STAMP) ## The library's tests and that Keras' optimizer tests on the oldest Keras/TensorFlow declared
-	$(OLDEST)/bin/python -m pytest -m "not slow" tests/library tests/keras_suite lib/freezing
+	$(OLDEST)/bin/python -m pytest tests/library tests/keras_suite lib/freezing
 
 ci: test test-slow test-oldest ## What CI runs (.ci/run)
 
