@@ -27,10 +27,10 @@ test: $(STAMP) ## Run all tests: unit, property, and every notebook on smoke par
 	$(PY) -m pytest
 
 smoke: $(STAMP) ## Run every notebook on tiny parameters into build/smoke/ (about a minute each)
-	$(PY) -m study.pipeline --profile smoke --out build/smoke
+	$(PY) -m study.report --profile smoke --out build/smoke
 
 reproduce: $(STAMP) ## Regenerate results/ on full parameters, rerunning only changed notebooks (FORCE=1: all)
-	$(PY) -m study.pipeline --profile full --out results$(if $(FORCE), --force)
+	$(PY) -m study.report --profile full --out results$(if $(FORCE), --force)
 
 bench: $(STAMP) ## Run the benchmarks; prints ratios measured side by side in one run
 	$(PY) bench/run.py

@@ -1,7 +1,7 @@
-"""The execution cache of ``study.pipeline``: the key follows imports, and a second run reuses what is current.
+"""The execution cache of ``study.report.pipeline``: the key follows imports, and a second run reuses what is current.
 
 Key tests use the real notebooks and a fake package tree; the end-to-end test runs two tiny notebooks through
-``study.pipeline.main`` four times (first run, reuse, one notebook changed, ``--force``).
+``study.report.pipeline.main`` four times (first run, reuse, one notebook changed, ``--force``).
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from study import cache, pipeline
+from study.report import cache, pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_notebook_01_imports_what_it_uses_and_not_the_other_studies():
     names = set(cache.modules(REPO / "notebooks" / "01_adam_drift.ipynb"))
-    assert {"study.adam_drift", "freezing.masked_optimizer", "freezing", "study", "study.reporting"} <= names
+    assert {"study.drift.adam_drift", "freezing.masked_optimizer", "freezing", "study", "study.report.reporting"} <= names
     assert "freezing.slots" in names  # through lib/freezing/__init__.py
-    assert not names & {"study.gan_study", "study.cnn_study", "study.pipeline", "study.cache"}
+    assert not names & {"study.gan.alternating", "study.cnn", "study.report.pipeline", "study.report.cache"}
 
 
 def test_modules_started_as_subprocesses_by_name_are_followed():
@@ -75,7 +75,7 @@ def _tiny(folder: Path, name: str, value: int) -> Path:
     nb = new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
     nb.cells = [new_markdown_cell(f"# {name}"),
                 new_code_cell("out_dir = '.'\nvalue = 1", metadata={"tags": ["parameters"]}),
-                new_code_cell(f"from pathlib import Path\nfrom study import reporting\nversion = {value}\n"
+                new_code_cell(f"from pathlib import Path\nfrom study.report import reporting\nversion = {value}\n"
                               "reporting.save_metrics({'value': value, 'version': version, "
                               "'headline': {'value': value}}, Path(out_dir))")]
     path = folder / f"{name}.ipynb"

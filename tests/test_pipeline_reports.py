@@ -1,7 +1,7 @@
 """The pipeline's outputs a reader opens: HTML reports, index.html, SUMMARY.md; and safe interruption.
 
 Fast tests build small notebooks and results folders by hand. The ``notebook``-marked tests run notebook 01 on
-smoke parameters through ``python -m study.pipeline`` and interrupt it with SIGINT / SIGTERM.
+smoke parameters through ``python -m study.report`` and interrupt it with SIGINT / SIGTERM.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import pytest  # noqa: E402
 from bs4 import BeautifulSoup  # noqa: E402
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output  # noqa: E402
 
-from study import html_report, pipeline, reporting, site  # noqa: E402
+from study.report import html_report, pipeline, reporting, site  # noqa: E402
 from test_reruns import differences, leaves, without_timings  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -348,7 +348,7 @@ SMOKE_01 = ["--profile", "smoke", "--only", "01_adam_drift", "--timeout", "600"]
 
 def _pipeline_cmd(out: Path) -> list[str]:
     """01 on smoke parameters, forced: the copied results hold 01 under the same cache key, so it would be reused."""
-    return [sys.executable, "-m", "study.pipeline", *SMOKE_01, "--out", str(out), "--force"]
+    return [sys.executable, "-m", "study.report", *SMOKE_01, "--out", str(out), "--force"]
 
 
 def _env() -> dict[str, str]:

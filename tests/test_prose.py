@@ -1,4 +1,4 @@
-"""Numbers in the reports' prose come from the run (``study.prose``)."""
+"""Numbers in the reports' prose come from the run (``study.report.prose``)."""
 
 import doctest
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from study import prose
+from study.report import prose
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))

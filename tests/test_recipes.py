@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 import yaml
 
-from study import pipeline, recipes
+from study import recipes
+from study.report import pipeline
 from study.training import LOSS, batch_indices
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,7 +191,7 @@ def test_pruning_study_measures_moments_and_a_fresh_optimizer_keeps_pruned_zeros
 
 
 def test_pruning_figure_says_whether_the_methods_differ_by_more_than_the_seeds():
-    from study.recipe_plots import _noise_note
+    from study.recipes.plots import _noise_note
 
     rows = pd.DataFrame({"sparsity": [0.5] * 4, "method": ["a", "a", "b", "b"], "acc": [0.90, 0.92, 0.91, 0.93]})
     assert "noise" in _noise_note(rows, "acc")

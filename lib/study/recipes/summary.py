@@ -8,8 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from study.prose import pct
-from study.reporting import format_count, format_mean_std
+from study.report.prose import pct
+from study.report.reporting import format_count, format_mean_std
 from study.recipes.setup import NEW_COLUMN_METHODS, SUBNET_METHODS, StudyResult
 
 

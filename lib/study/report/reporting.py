@@ -219,8 +219,8 @@ def mean_std(table: pd.DataFrame, by: Sequence[str], values: Sequence[str]) -> p
 
 
 def format_mean_std(mean: float, std: float, digits: int = 3) -> str:
-    """``mean ± std`` for a table cell, in plain notation (``study.prose.pm``). ``format_mean_std(0.5, 0.01) == "0.5 ± 0.01"``"""
-    from study.prose import pm
+    """``mean ± std`` for a table cell, in plain notation (``study.report.prose.pm``). ``format_mean_std(0.5, 0.01) == "0.5 ± 0.01"``"""
+    from study.report.prose import pm
 
     return pm(mean, std, digits)  # plain notation, '1.5e-5' below 1e-4; a single seed (NaN std): the mean alone
 

@@ -21,7 +21,7 @@ from typing import Any
 
 PACKAGES = ("freezing", "study")
 """Top-level packages whose sources enter the key."""
-LIB = Path(__file__).resolve().parents[1]
+LIB = Path(__file__).resolve().parents[2]
 """The folder holding ``freezing/`` and ``study/`` (``lib/``)."""
 _MODULE_STRING = re.compile(r"^(?:freezing|study)(?:\.[A-Za-z_]\w*)+")
 
@@ -89,7 +89,7 @@ def notebook_source(notebook: Path) -> str:
 def modules(notebook: Path, root: Path = LIB) -> dict[str, Path]:
     """Every ``freezing``/``study`` module the notebook imports, transitively: name -> source file, sorted.
 
-    ``"study.adam_drift" in modules(Path("notebooks/01_adam_drift.ipynb"))``
+    ``"study.drift.adam_drift" in modules(Path("notebooks/01_adam_drift.ipynb"))``
     """
     try:
         todo = set(imported_names(notebook_source(notebook)))

@@ -46,7 +46,7 @@ from freezing.gates import gate
 from freezing.masked_optimizer import MaskedOptimizer
 from study.models import deep_mnist_cnn
 from study.processes import map_in_processes
-from study.reporting import format_mean_std
+from study.report.reporting import format_mean_std
 from freezing.selection import select_variables
 from study.training import LOSS, accuracy, median_ms, restore, snapshot
 from freezing.validation import check_choices, check_int_list, check_positive_int, check_range
@@ -538,7 +538,7 @@ def network_sizes(config: GanStudyConfig | None = None) -> dict[str, int]:
 def drift_table(summary: pd.DataFrame) -> pd.DataFrame:
     """What should stay frozen, per method and optimizer, as the report shows it: counts with thousands separators,
     max |ΔW| with two significant digits, 0 where not one bit changed. ``drift_table(gan_summary(runs))``"""
-    from study.prose import num
+    from study.report.prose import num
 
     columns = {"g_changed_entries_in_d_step": "G in D steps: changed entry-steps",
                "d_changed_entries_in_g_step": "D in G steps: changed entry-steps",

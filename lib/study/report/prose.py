@@ -21,7 +21,7 @@ Filters (besides Jinja's own): ``num`` (significant digits, plain notation), ``s
 ``pm`` (``mean | pm(std)``), ``count`` (an integer with thousands separators), ``signed`` (``+0.015``).
 ``lint_prose`` finds decimals, percentages and ratios typed into a notebook's prose instead.
 
-``python -m study.prose NOTEBOOK.ipynb METRICS.json`` prints the filled markdown (or the error).
+``python -m study.report.prose NOTEBOOK.ipynb METRICS.json`` prints the filled markdown (or the error).
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def fill(source: str, metrics: Mapping[str, Any], where: str = "a markdown cell"
     >>> fill("{{ metrics.missing }}", {"d": 1})
     Traceback (most recent call last):
     ...
-    study.prose.ProseError: a markdown cell: 'dict object' has no attribute 'missing' (in {{ metrics.missing }}); metrics has: d
+    study.report.prose.ProseError: a markdown cell: 'dict object' has no attribute 'missing' (in {{ metrics.missing }}); metrics has: d
     """
     env = environment()
     try:
@@ -269,12 +269,12 @@ def lint_prose(source: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m study.prose notebooks/01_adam_drift.ipynb results/01_adam_drift/metrics.json``"""
+    """``python -m study.report.prose notebooks/01_adam_drift.ipynb results/01_adam_drift/metrics.json``"""
     import nbformat
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m study.prose NOTEBOOK.ipynb METRICS.json", file=sys.stderr)
+        print("usage: python -m study.report.prose NOTEBOOK.ipynb METRICS.json", file=sys.stderr)
         return 2
     nb = nbformat.read(args[0], as_version=4)
     try:
