@@ -166,13 +166,13 @@ def test_naive_vs_exact_and_headline_cover_every_row():
                and "time" not in k)
 
 
-# -- the data dictionary: reporting.save_table(columns=...) and pipeline.write_columns -----------------------
+# -- the data dictionary: reporting.save_table(columns=...) and site.write_columns -----------------------
 def test_save_table_records_every_column_and_the_pipeline_writes_columns_md(tmp_path):
     import json
 
     import pandas as pd
 
-    from study.report import pipeline, reporting
+    from study.report import reporting, site
 
     study = tmp_path / "02_x"
     table = pd.DataFrame({"a": [1], "b|c": [2.0], "d": ["x"]})
@@ -187,7 +187,7 @@ def test_save_table_records_every_column_and_the_pipeline_writes_columns_md(tmp_
     with pytest.raises(ValueError, match="columns must map column names to descriptions"):
         reporting.save_table(table, study, "t3", columns={"a": 1})
     (tmp_path / "manifest.json").write_text(json.dumps({"02_x": {"title": "02 · X"}, "03_missing": {}}))
-    text = pipeline.write_columns(tmp_path).read_text()
+    text = site.write_columns(tmp_path).read_text()
     assert '<a id="02_x"></a>' in text and "## 02_x: 02 · X" in text
     assert "### [t1.csv](02_x/t1.csv)" in text and "| `d` | a letter |" in text
     assert "| `a` | (not described) |" in text  # t2

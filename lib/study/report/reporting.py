@@ -51,6 +51,18 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
     return path
 
 
+def write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically, unless the file holds exactly these bytes already: then it is
+    left alone, mtime and all, so a run that changes nothing changes no file. ``write_text("SUMMARY.md", md)``"""
+    path, data = Path(path), text.encode("utf-8")
+    try:
+        if path.read_bytes() == data:
+            return path
+    except OSError:
+        pass
+    return atomic_write(path, lambda p: Path(p).write_bytes(data))
+
+
 COLUMNS_FILE = "columns.json"
 """``out_dir/columns.json``: ``{"tables": [{"file": "x.csv", "columns": {"col": "meaning (unit)" or null}}]}``."""
 NOT_DESCRIBED = "(not described)"
