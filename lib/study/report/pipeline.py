@@ -48,7 +48,7 @@ import yaml
 
 from study.report import cache, reproduction
 from study.report.execution import SIGNALS, Interrupted, execute, stop_children
-from study.report.prose import fill_executed
+from study.report.prose import ProseError, unfilled
 from study.report.records import Records
 from study.report.reporting import write_text
 from study.report.site import write_pages
@@ -131,6 +131,16 @@ def git_state(out: Path, source: Path) -> dict[str, Any]:
         return {"commit": "unknown", "dirty": None}
 
 
+def check_findings(executed: Path) -> None:
+    """Refuse an executed notebook that shows a finding without its numbers, or raw template syntax (``prose.unfilled``)."""
+    import nbformat
+
+    problems = unfilled(nbformat.read(executed, as_version=4))
+    if problems:
+        raise ProseError(f"{len(problems)} finding(s) not filled in; does the last cell call "
+                         f"prose.show_findings(metrics)? {problems[0]}")
+
+
 def render_html(executed: Path, html: Path) -> Any:
     """Write the executed notebook as an offline HTML report, code hidden. ``render_html(nb, out)``
 
@@ -161,7 +171,7 @@ def run_notebook(notebook: Path, profile: str, out: Path, timeout_s: int,
     started = time.perf_counter()
     try:
         execute(notebook, staging / f"{name}.ipynb", {**params, "out_dir": str(staging.resolve())}, timeout_s)
-        fill_executed(staging / f"{name}.ipynb", staging / "metrics.json")  # the prose's numbers, from this run
+        check_findings(staging / f"{name}.ipynb")
         cleaned = render_html(staging / f"{name}.ipynb", staging / f"{name}.html")
         duration = time.perf_counter() - started
         metrics_path = staging / "metrics.json"

@@ -1,43 +1,54 @@
-"""Numbers in a report's prose, filled in from the run: markdown cells are Jinja templates over ``metrics.json``.
+"""A report's findings, quoted from its own run: Markdown templates over ``metrics.json``, shown by code cells.
 
-A finding's sentence quotes what the run measured, not a number typed when the notebook was written::
+A finding's sentence quotes what the run measured, not a number typed when the notebook was written. In a
+notebook, a code cell shows it::
 
+    prose.finding(r'''
     **Adam's drift is predictable**: the closed form matches every frozen entry to
     {{ metrics.prediction_max_abs_error | sci }}, while the drift itself reaches
-    {{ metrics.prediction_max_abs_drift | sci }}.
+    {{ metrics.prediction_max_abs_drift | num(2) }}.
+    ''')
 
-After papermill has executed a notebook (which writes ``metrics.json`` in its last cell), the pipeline calls
-``fill_notebook``: every markdown cell holding ``{{ ... }}`` or ``{% ... %}`` is rendered with ``metrics`` (the
-run's ``metrics.json``) in scope, in the executed ``.ipynb`` that goes to ``results/`` and so in its HTML report.
-The template is kept in the cell's metadata (``study.template``) so that the filled notebook can be filled again.
-The notebook in ``notebooks/`` keeps the template; opened interactively it shows the placeholders.
+and the notebook's last cell, once it has recorded ``metrics`` (what it writes to ``metrics.json``), calls
+``show_findings(metrics)``: every finding shown so far is filled in where it stands (an IPython display update),
+and a finding shown after that is filled in at once. So the numbers appear the same way in JupyterLab after "Run
+All", under papermill or nbclient, and in the HTML report, with no step after the run; ``unfilled`` finds a
+finding left without its numbers (or raw template syntax) in an executed notebook, and the pipeline refuses one.
 
-A placeholder naming a key the run did not record stops the run with one message (the cell, the expression,
-the keys there are): a report can neither publish a stale number nor a sentence without its number. The
-assertion cell before each finding still guards its direction and size.
+A placeholder naming a key the run did not record stops the last cell with one message (the finding, the
+expression, the keys there are): a report can neither publish a stale number nor a sentence without its number.
+The assertion cell before each finding still guards its direction and size.
 
 Filters (besides Jinja's own): ``num`` (significant digits, plain notation), ``sci`` (``7.1e-07`` as
 ``7.1e-7``), ``fixed`` (decimals), ``pct`` (a fraction as a percentage), ``times`` (a ratio, ``3.89×``),
-``pm`` (``mean | pm(std)``), ``count`` (an integer with thousands separators), ``signed`` (``+0.015``).
+``pm`` (``mean | pm(std)``), ``count`` (an integer with thousands separators), ``signed`` (``+0.015``), and for
+bounds, which must round outward: ``floor`` ("at least": ``{{ m.min | floor("pct", 0) }}`` gives ``91%`` for
+0.9191) and ``ceil`` ("at most", "up to": ``{{ m.max | ceil("sci") }}`` gives ``1.2e-6`` for 1.12e-6).
 ``lint_prose`` finds decimals, percentages and ratios typed into a notebook's prose instead.
 
-``python -m study.report.prose NOTEBOOK.ipynb METRICS.json`` prints the filled markdown (or the error).
+``python -m study.report.prose NOTEBOOK.ipynb METRICS.json`` prints the notebook's findings filled in (or the error).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
-TEMPLATE_KEY = "template"
 _MARKER = re.compile(r"\{\{|\{%")
+FINDING_TAG = "finding"
+"""The tag of a code cell that shows a finding (``finding(...)``): tests lint its template like prose."""
+PENDING = "*(This finding quotes this run's numbers: it is filled in when the notebook's last cell has run.)*"
+"""What a finding shows until ``show_findings`` fills it in."""
+ROUNDINGS = {"nearest": None, "floor": ROUND_FLOOR, "ceil": ROUND_CEILING}
 
 
 class ProseError(ValueError):
@@ -53,25 +64,45 @@ def _number(x: Any) -> float:
     return float(x)
 
 
-def sci(x: Any, digits: int = 2) -> str:
+def _rounding(rounding: str) -> str | None:
+    if rounding not in ROUNDINGS:
+        raise ProseError(f"rounding: expected one of {sorted(ROUNDINGS)}, got {rounding!r}")
+    return ROUNDINGS[rounding]
+
+
+def _directed(x: float, decimals: int, rounding: str) -> Decimal:
+    """``x`` rounded to ``decimals`` decimals toward -inf (``ROUND_FLOOR``) or +inf (``ROUND_CEILING``), from its
+    shortest decimal representation, so that a value that prints exactly is never moved."""
+    return Decimal(repr(float(x))).quantize(Decimal(1).scaleb(-decimals), rounding=rounding)
+
+
+def sci(x: Any, digits: int = 2, rounding: str = "nearest") -> str:
     """``x`` in scientific notation with ``digits`` significant digits, without ``+``/leading zeros in the exponent.
 
-    >>> sci(7.12e-07), sci(123456, 3), sci(0)
-    ('7.1e-7', '1.23e5', '0')
+    >>> sci(7.12e-07), sci(123456, 3), sci(0), sci(1.12e-6, rounding="ceil"), sci(9.96e-3, rounding="ceil")
+    ('7.1e-7', '1.23e5', '0', '1.2e-6', '1.0e-2')
     """
-    x = _number(x)
+    x, mode = _number(x), _rounding(rounding)
     if x == 0:
         return "0"
-    mantissa, exponent = f"{x:.{max(digits - 1, 0)}e}".split("e")
-    return f"{mantissa}e{int(exponent)}"
+    if mode is None or not math.isfinite(x):
+        mantissa, exponent = f"{x:.{max(digits - 1, 0)}e}".split("e")
+        return f"{mantissa}e{int(exponent)}"
+    exponent = Decimal(repr(x)).adjusted()
+    mantissa = _directed(x / 10 ** exponent, max(digits - 1, 0), mode)
+    if abs(mantissa) >= 10:  # 9.96 rounded up: 10.0 -> 1.0, one power higher
+        exponent += 1
+        mantissa = _directed(float(mantissa) / 10, max(digits - 1, 0), mode)
+    return f"{mantissa:.{max(digits - 1, 0)}f}e{exponent}"
 
 
-def num(x: Any, digits: int = 3) -> str:
+def num(x: Any, digits: int = 3, rounding: str = "nearest") -> str:
     """``x`` with ``digits`` significant digits in plain notation (``sci`` outside 1e-4 to 1e7); ints as counts.
 
-    >>> num(3.8912), num(0.000712, 2), num(1532), num(2.0), num(1.5e-9)
-    ('3.89', '0.00071', '1,532', '2', '1.5e-9')
+    >>> num(3.8912), num(0.000712, 2), num(1532), num(2.0), num(1.5e-9), num(9.667, 2, "floor"), num(9.7, 2, "floor")
+    ('3.89', '0.00071', '1,532', '2', '1.5e-9', '9.6', '9.7')
     """
+    mode = _rounding(rounding)
     if isinstance(x, int) and not isinstance(x, bool):
         return count(x)
     x = _number(x)
@@ -80,38 +111,46 @@ def num(x: Any, digits: int = 3) -> str:
     if x == 0:
         return "0"
     if not 1e-4 <= abs(x) < 1e7:
-        mantissa, exponent = sci(x, digits).split("e")
+        mantissa, exponent = sci(x, digits, rounding).split("e")
         return f"{mantissa.rstrip('0').rstrip('.') if '.' in mantissa else mantissa}e{exponent}"
     decimals = max(digits - 1 - math.floor(math.log10(abs(x))), 0)
-    text = f"{round(x, decimals):,.{decimals}f}"
+    text = (f"{round(x, decimals):,.{decimals}f}" if mode is None
+            else f"{_directed(x, decimals, mode):,.{decimals}f}")
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
-def fixed(x: Any, decimals: int = 2) -> str:
+def fixed(x: Any, decimals: int = 2, rounding: str = "nearest") -> str:
     """``x`` with exactly ``decimals`` decimals. ``fixed(0.1234, 3) == '0.123'``
 
-    >>> fixed(0.1234, 3), fixed(2, 1)
-    ('0.123', '2.0')
+    >>> fixed(0.1234, 3), fixed(2, 1), fixed(0.1231, 2, "ceil")
+    ('0.123', '2.0', '0.13')
     """
-    return f"{_number(x):.{decimals}f}"
+    x, mode = _number(x), _rounding(rounding)
+    if mode is None or not math.isfinite(x):
+        return f"{x:.{decimals}f}"
+    return f"{_directed(x, decimals, mode):.{decimals}f}"
 
 
-def pct(x: Any, decimals: int = 1) -> str:
+def pct(x: Any, decimals: int = 1, rounding: str = "nearest") -> str:
     """A fraction as a percentage. ``pct(0.1234) == '12.3%'``
 
-    >>> pct(0.1234), pct(1, 0)
-    ('12.3%', '100%')
+    >>> pct(0.1234), pct(1, 0), pct(0.9191, 0, "floor"), pct(0.0782, 1, "ceil"), pct(0.92, 0, "ceil")
+    ('12.3%', '100%', '91%', '7.9%', '92%')
     """
-    return f"{100 * _number(x):.{decimals}f}%"
+    x, mode = _number(x), _rounding(rounding)
+    if mode is None or not math.isfinite(x):
+        return f"{100 * x:.{decimals}f}%"
+    hundredfold = (Decimal(repr(x)) * 100).quantize(Decimal(1).scaleb(-decimals), rounding=mode)
+    return f"{hundredfold:.{decimals}f}%"
 
 
-def times(x: Any, digits: int = 3) -> str:
+def times(x: Any, digits: int = 3, rounding: str = "nearest") -> str:
     """A ratio with a multiplication sign. ``times(3.8912) == '3.89×'``
 
-    >>> times(3.8912), times(1.0)
-    ('3.89×', '1×')
+    >>> times(3.8912), times(1.0), times(4.2449, 2, "floor")
+    ('3.89×', '1×', '4.2×')
     """
-    return f"{num(_number(x), digits)}×"
+    return f"{num(_number(x), digits, rounding)}×"
 
 
 def _decimals(x: float, digits: int) -> int:
@@ -158,8 +197,37 @@ def signed(x: Any, digits: int = 2) -> str:
     return ("−" if x < 0 else "+") + num(abs(x), digits)
 
 
+BOUND_STYLES: dict[str, Callable[..., str]] = {"num": num, "sci": sci, "fixed": fixed, "pct": pct, "times": times}
+"""The formats a bound can be written in: ``floor``/``ceil`` take one of these names, then its arguments."""
+
+
+def floor(x: Any, style: str = "num", *args: Any) -> str:
+    """A lower bound ("at least"): ``x`` in ``style`` (``num``, ``sci``, ``fixed``, ``pct``, ``times``, with that
+    format's arguments), rounded toward -inf, so the printed bound is never above the value.
+
+    >>> floor(0.9191, "pct", 0), floor(9.667, "num", 2), floor(0.92, "pct", 0)
+    ('91%', '9.6', '92%')
+    """
+    return _bound(x, style, args, "floor")
+
+
+def ceil(x: Any, style: str = "num", *args: Any) -> str:
+    """An upper bound ("at most", "up to"): like ``floor``, rounded toward +inf.
+
+    >>> ceil(0.0782, "pct"), ceil(1.12e-6, "sci"), ceil(7.8e-2, "pct")
+    ('7.9%', '1.2e-6', '7.8%')
+    """
+    return _bound(x, style, args, "ceil")
+
+
+def _bound(x: Any, style: str, args: tuple[Any, ...], rounding: str) -> str:
+    if style not in BOUND_STYLES:
+        raise ProseError(f"{rounding}: the style must be one of {sorted(BOUND_STYLES)}, got {style!r}")
+    return BOUND_STYLES[style](x, *args, rounding=rounding)
+
+
 FILTERS = {"sci": sci, "num": num, "fixed": fixed, "pct": pct, "times": times, "pm": pm, "count": count,
-           "signed": signed}
+           "signed": signed, "floor": floor, "ceil": ceil}
 
 
 def environment() -> jinja2.Environment:
@@ -174,15 +242,15 @@ def is_template(source: str) -> bool:
     return bool(_MARKER.search(source))
 
 
-def fill(source: str, metrics: Mapping[str, Any], where: str = "a markdown cell") -> str:
-    """Render one markdown template with ``metrics`` in scope.
+def fill(source: str, metrics: Mapping[str, Any], where: str = "a finding") -> str:
+    """Render one Markdown template with ``metrics`` in scope.
 
     >>> fill("drift {{ metrics.d | sci }} in {{ metrics.n }} steps", {"d": 7.12e-7, "n": 40})
     'drift 7.1e-7 in 40 steps'
     >>> fill("{{ metrics.missing }}", {"d": 1})
     Traceback (most recent call last):
     ...
-    study.report.prose.ProseError: a markdown cell: 'dict object' has no attribute 'missing' (in {{ metrics.missing }}); metrics has: d
+    study.report.prose.ProseError: a finding: 'dict object' has no attribute 'missing' (in {{ metrics.missing }}); metrics has: d
     """
     env = environment()
     try:
@@ -205,42 +273,105 @@ def _fails(env: jinja2.Environment, expression: str, metrics: Mapping[str, Any])
     return False
 
 
-def fill_notebook(nb: Any, metrics: Mapping[str, Any]) -> int:
-    """Fill every templated markdown cell of ``nb`` (in place); returns how many were filled.
+def _label(template: str) -> str:
+    """A finding's name for messages: its first bold phrase, else its first words."""
+    bold = re.search(r"\*\*(.+?)\*\*", template, re.S)
+    text = bold.group(1) if bold else template.strip()
+    text = re.sub(r"\s+", " ", text)
+    return f"finding “{text[:70]}{'…' if len(text) > 70 else ''}”"
 
-    The template goes to ``cell.metadata.study.template``; a cell filled before is filled again from it.
+
+_SHOWN: list[tuple[str, Any]] = []
+"""The findings shown in this kernel and not yet filled in: (template, its display handle)."""
+_RECORDED: dict[str, Any] = {}
+"""The metrics ``show_findings`` filled them in with: a finding shown after that is filled in at once."""
+
+
+def _markdown(text: str) -> Any:
+    """IPython's ``Markdown`` whose plain-text form is the text itself, not ``<...Markdown object>``: what a console
+    or a plain ``python`` run prints, and what an output's ``text/plain`` holds."""
+    from IPython.display import Markdown
+
+    class Finding(Markdown):
+        def __repr__(self) -> str:
+            return self.data
+
+    return Finding(text)
+
+
+def finding(template: str) -> None:
+    """Show a finding here: a Markdown template over the run's ``metrics`` (see the module docstring).
+
+    Until ``show_findings(metrics)`` has run, the finding shows ``PENDING``; afterwards it is filled in at once.
+    A template that does not parse is an error here, before the run goes on.
     """
-    filled = 0
+    from IPython.display import display
+
+    try:
+        environment().parse(template)
+    except jinja2.TemplateSyntaxError as e:
+        raise ProseError(f"{_label(template)}: cannot parse the template at line {e.lineno}: {e.message}") from None
+    if _RECORDED:
+        display(_markdown(fill(template, _RECORDED, _label(template))))
+        return
+    _SHOWN.append((template, display(_markdown(PENDING), display_id=True)))
+
+
+def show_findings(metrics: Mapping[str, Any]) -> int:
+    """Fill in every finding shown so far with ``metrics`` (what the run records in ``metrics.json``), where it
+    stands; returns how many. A placeholder naming a key that ``metrics`` lacks raises ``ProseError`` naming it."""
+    filled = [(handle, fill(template, metrics, _label(template))) for template, handle in _SHOWN]  # all checked first
+    from IPython import get_ipython
+
+    for handle, text in filled:
+        if get_ipython() is None:  # a plain python run: nothing to update in place, so print the filled finding
+            print(text)
+        elif handle is not None:
+            handle.update(_markdown(text))
+    _SHOWN.clear()
+    _RECORDED.clear()
+    _RECORDED.update(metrics)
+    return len(filled)
+
+
+def _text(value: Any) -> str:
+    return "".join(value) if isinstance(value, list) else str(value)
+
+
+def unfilled(nb: Any) -> list[str]:
+    """Where an executed notebook shows template syntax or a finding still waiting for its numbers: markdown cells
+    and every output's text. ``unfilled(nbformat.read("results/01_adam_drift/01_adam_drift.ipynb", 4)) == []``"""
+    found = []
     for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "markdown":
+        if cell.cell_type == "markdown" and is_template(cell.source):
+            found.append(f"markdown cell {index} holds template syntax: {cell.source.strip()[:80]!r}")
+        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            texts = [_text(v) for k, v in output.get("data", {}).items() if k.startswith("text/")]
+            texts += [_text(output["text"])] if "text" in output else []
+            for text in texts:
+                if is_template(text) or PENDING in text:
+                    what = "a finding without its numbers" if PENDING in text else "template syntax"
+                    found.append(f"cell {index} shows {what}: {text.strip()[:80]!r}")
+                    break
+    return found
+
+
+def finding_templates(nb: Any) -> list[tuple[int, str]]:
+    """The template of every finding cell of a notebook (a code cell calling ``finding`` with a string literal):
+    (cell index, template). ``finding_templates(nbformat.read("notebooks/01_adam_drift.ipynb", 4))``"""
+    found = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or "finding(" not in cell.source:
             continue
-        template = cell.get("metadata", {}).get("study", {}).get(TEMPLATE_KEY, cell.source)
-        if not is_template(template):
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:
             continue
-        heading = next((line.strip("# ") for line in template.splitlines() if line.startswith("#")), "")
-        where = f"markdown cell {index}" + (f" ({heading})" if heading else "")
-        cell.source = fill(template, metrics, where)
-        cell.setdefault("metadata", {}).setdefault("study", {})[TEMPLATE_KEY] = template
-        filled += 1
-    return filled
-
-
-def fill_executed(executed: str | Path, metrics_path: str | Path) -> int:
-    """Fill the markdown of an executed notebook file in place from ``metrics_path``; returns the cells filled.
-
-    A notebook with templates but no ``metrics.json`` is an error (its last cell did not write one).
-    """
-    import nbformat
-
-    executed, metrics_path = Path(executed), Path(metrics_path)
-    nb = nbformat.read(executed, as_version=4)
-    if not any(c.cell_type == "markdown" and is_template(c.source) for c in nb.cells):
-        return 0
-    if not metrics_path.is_file():
-        raise ProseError(f"{executed.name}: its prose quotes the run's numbers, but the run wrote no {metrics_path.name}")
-    filled = fill_notebook(nb, json.loads(metrics_path.read_text()))
-    nbformat.write(nb, executed)
-    return filled
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "finding"
+                    and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+                found.append((index, node.args[0].value))
+    return found
 
 
 _STRIP = [
@@ -277,14 +408,14 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m study.report.prose NOTEBOOK.ipynb METRICS.json", file=sys.stderr)
         return 2
     nb = nbformat.read(args[0], as_version=4)
+    metrics = json.loads(Path(args[1]).read_text())
     try:
-        fill_notebook(nb, json.loads(Path(args[1]).read_text()))
+        filled = [(index, fill(template, metrics, _label(template))) for index, template in finding_templates(nb)]
     except ProseError as e:
         print(f"prose: {e}", file=sys.stderr)
         return 1
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type == "markdown" and "study" in cell.get("metadata", {}):
-            print(f"--- markdown cell {index}\n{cell.source}\n")
+    for index, text in filled:
+        print(f"--- cell {index}\n{text.strip()}\n")
     return 0
 
 
