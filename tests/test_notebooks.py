@@ -247,3 +247,25 @@ def test_04_gradients_and_ps_metrics(smoke_results):
     f = m["faults"]
     assert f["returned_functions"] == f["scheduled_functions"] and f["applied_updates"] >= f["returned_updates"]
     assert (smoke_results / "04_gradients_and_ps" / "tensorboard").is_dir()
+
+
+@pytest.mark.slow
+def test_notebook_01_run_the_plain_jupyter_way_shows_its_findings_with_numbers(tmp_path):
+    """papermill alone, as a reader's "Run All" in Jupyter would run it: no pipeline, nothing done after the run.
+    Every finding shows its numbers where it stands, and no markdown cell or output shows template syntax."""
+    import papermill
+
+    from study.report import prose
+
+    notebook = NOTEBOOKS[0]
+    assert notebook.stem == "01_adam_drift"
+    params = {**pipeline.load_parameters(notebook, "smoke"), "out_dir": str(tmp_path / "out")}
+    papermill.execute_notebook(str(notebook), str(tmp_path / "run.ipynb"), parameters=params, kernel_name="python3",
+                               cwd=str(notebook.parent), progress_bar=False, execution_timeout=600)
+    nb = nbformat.read(tmp_path / "run.ipynb", as_version=4)
+    assert prose.unfilled(nb) == []
+    shown = [o["data"]["text/markdown"] for c in nb.cells if "finding" in c.metadata.get("tags", [])
+             for o in c.outputs if "text/markdown" in o.get("data", {})]
+    assert len(shown) == len(prose.finding_templates(nbformat.read(notebook, as_version=4))) >= 3
+    assert "**The seed reproduces exactly.** With the mask alone, `W` after step 2 is\n[0.0744, 0.1670, 0.1670, 0.0744]" \
+        in "\n".join(shown)
