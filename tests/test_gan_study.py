@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from freezing import select_variables, variable_path
-from study.gan import alternating
+from study.gan import alternating, tables
 from study.gan.alternating import Gan, GanStudyConfig, frozen_by_gates, gated_forward, unknown_variable_trap
 
 
@@ -83,9 +83,9 @@ def test_the_diagnostic_gates_draw_for_one_network_only_and_keep_the_rest_still(
     assert set(grids) == {(m, "adam") for m in config.methods} | {("random_gate_masked", "sgd")}
     audits = ["g_changed_entries_in_d_step", "d_changed_entries_in_g_step", "gated_changed_entries"]
     assert (runs[audits] == 0).all().all()  # all three are exact
-    summary = alternating.gan_summary(runs)
+    summary = tables.gan_summary(runs)
     assert {"classes_seen_mean", "classes_seen_std", "single_class_runs", "time_per_iteration_ms_mean"} <= set(summary)
-    headline = alternating.headline(summary, 0.5, "random", config.iterations)
+    headline = tables.headline(summary, 0.5, "random", config.iterations)
     for method in config.methods:
         assert any(k.startswith(f"{method}, adam:") and "classes seen" in k for k in headline)
     assert not any(k.startswith("gate_d_only, sgd") for k in headline)
