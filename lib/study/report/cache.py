@@ -137,10 +137,11 @@ def data_identity(parameters: dict[str, Any]) -> dict[str, Any]:
     paths["keras_mnist"] = keras_cache_path()
     identity: dict[str, Any] = {}
     for key, path in paths.items():
-        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        identity[key] = {"path": str(path),
-                         "sha256": {p.name if path.is_dir() else "": file_digest(p) for p in files if p.is_file()}
-                         or "missing"}
+        if path.is_dir():
+            identity[key] = {"path": str(path), "files": {p.relative_to(path).as_posix(): file_digest(p)
+                                                          for p in sorted(path.rglob("*")) if p.is_file()}}
+        else:
+            identity[key] = {"path": str(path), "sha256": file_digest(path) if path.is_file() else "missing"}
     return identity
 
 
