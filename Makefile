@@ -5,11 +5,13 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+OLDEST := .venv-oldest
+OLDEST_STAMP := $(OLDEST)/.installed
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONHASHSEED ?= 0
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test smoke reproduce bench lab clean distclean
+.PHONY: help venv test test-slow test-oldest ci smoke reproduce bench lab clean distclean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -23,8 +25,22 @@ $(STAMP): requirements.txt pyproject.toml lib/pyproject.toml
 
 venv: $(STAMP) ## Create .venv and install the pinned requirements (done by the targets below)
 
-test: $(STAMP) ## Run all tests: unit, property, and every notebook on smoke parameters
-	$(PY) -m pytest
+test: $(STAMP) ## Run the tests (unit, property, doctests, Keras' optimizer tests, notebooks on smoke parameters); under 10 min
+	$(PY) -m pytest -m "not slow"
+
+test-slow: $(STAMP) ## Run the long checks CI adds after `make test` (multi-process clusters, exhaustive sweeps)
+	$(PY) -m pytest -m slow
+
+$(OLDEST_STAMP): requirements-oldest.txt pyproject.toml
+	@test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-oldest.txt
+	$(OLDEST)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $(OLDEST_STAMP)
+
+test-oldest: $(OLDEST_STAMP) ## The library's tests and that Keras' optimizer tests on the oldest Keras/TensorFlow declared
+	$(OLDEST)/bin/python -m pytest -m "not slow" tests/library tests/keras_suite lib/freezing
+
+ci: test test-slow test-oldest ## What CI runs (.ci/run)
 
 smoke: $(STAMP) ## Run every notebook on tiny parameters into build/smoke/ (about a minute each)
 	$(PY) -m study.report --profile smoke --out build/smoke
@@ -42,5 +58,5 @@ clean: ## Remove build outputs and caches, this machine's record of runs too (ke
 	rm -rf build .pytest_cache .hypothesis results/.staging
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
-distclean: clean ## Also remove .venv
-	rm -rf $(VENV)
+distclean: clean ## Also remove .venv and .venv-oldest
+	rm -rf $(VENV) $(OLDEST)

@@ -15,9 +15,14 @@ run in interleaved rounds (the order rotates every round; one round = one ``fit`
 * ``mask_fn``    -- ``mask_fn=random_keep``: a fresh random mask every step, computed in the graph
   from random bits seeded by the step; nothing stored (``mask_fn_uniform``, by name only: the
   same with ``stateless_uniform(shape) < 0.5``, three times the random-number cost).
-* ``hold_jit`` -- as ``hold`` with ``jit_update=True`` (only the optimizer's update compiled by
-  XLA); ``plain_jit`` -- plain Adam with its update compiled the same way (``fuse_update``), the
-  like-for-like reference (``mask_fn_jit``, by name only: ``mask_fn`` with ``jit_update``).
+* ``unmasked`` -- ``MaskedOptimizer(Adam)`` with no mask at all: what wrapping costs by itself.
+* ``hold_adamw`` -- as ``hold`` with ``AdamW(weight_decay=0.004)``, against ``plain_adamw``: weight decay
+  is a write outside ``update_step``, masked by the same guard.
+* ``hold_unfused`` -- as ``hold`` with ``freezing._write_path.FUSE_ABOVE`` out of reach: every guarded
+  write as TensorFlow's add, select and assign instead of one XLA-compiled pass (what fusing buys).
+* ``frozen_half_undispatched`` -- as ``frozen_half`` with ``DISPATCH_ABOVE`` out of reach: every
+  variable takes the masked update, the wholly frozen ones included (what the per-variable
+  ``switch_case`` buys).
 * ``dense_fc1``, ``sparse_fc1`` -- FISH-style sparse fine-tuning: a fixed 1% of ``fc1``'s kernel
   trains, every other variable is frozen; dense ``hold`` state vs ``state="sparse"``.
 
@@ -48,13 +53,19 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from freezing import MaskedOptimizer, slots  # noqa: E402
+from freezing import MaskedOptimizer, _write_path, slots  # noqa: E402
 from study.models import deep_mnist_cnn  # noqa: E402
 
 TARGET = 1.05
-TARGETS = {  # (variant, reference): target for variant / reference (issue 15's table)
-    ("hold", "plain"): 1.05, ("hold_one", "plain"): 1.02, ("hold_jit", "plain_jit"): 1.05, ("frozen_half", "untrainable"): 1.02,
+TARGETS = {  # (variant, reference): target for variant / reference (issues 15 and 20)
+    ("hold", "plain"): 1.05, ("hold_one", "plain"): 1.02, ("frozen_half", "untrainable"): 1.02,
     ("mask_fn", "plain"): 1.10, ("sparse_fc1", "dense_fc1"): 1.0, ("recompiled_half", "untrainable"): 1.02,
+    ("hold_adamw", "plain_adamw"): 1.05, ("unmasked", "plain"): 1.01,
+}
+OUT_OF_REACH = 1 << 40
+SETTINGS = {  # variant -> freezing._write_path constants in force while it is traced
+    "hold_unfused": {"FUSE_ABOVE": OUT_OF_REACH},
+    "frozen_half_undispatched": {"DISPATCH_ABOVE": OUT_OF_REACH},
 }
 XLA_TARGET = 1.03  # every masked variant / plain under jit_compile=True
 ONE = "conv2/kernel"  # the one masked variable of hold_one
@@ -142,28 +153,6 @@ def _count_traces(optimizer) -> list[int]:
     return count
 
 
-def fuse_update(optimizer) -> None:
-    """Plain Adam's update compiled by XLA inside a non-XLA step: the reference for ``jit_update=True``.
-
-    Replaces ``optimizer.apply`` on this instance with one that calls the original inside a
-    ``tf.function(jit_compile=True)`` (what ``MaskedOptimizer(jit_update=True)`` does for itself).
-    """
-    base = optimizer.apply
-    compiled = {}
-
-    def apply(grads, trainable_variables=None):
-        variables = list(trainable_variables if trainable_variables is not None else optimizer._trainable_variables)
-        if not optimizer.built:
-            with tf.init_scope():
-                optimizer.build(variables)
-        key = tuple(id(v) for v in variables)
-        if key not in compiled:
-            compiled[key] = tf.function(lambda g: base(g, variables), jit_compile=True)
-        compiled[key](list(grads))
-
-    object.__setattr__(optimizer, "apply", apply)
-
-
 def _bytes(variables) -> int:
     return int(sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables))
 
@@ -174,9 +163,9 @@ def _fc1_selection(model: keras.Model, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).random(shape) < 0.01
 
 
-VARIANTS = ("plain", "hold", "hold_one", "frozen_half", "untrainable", "recompiled_half", "mask_fn", "hold_jit",
-            "plain_jit", "dense_fc1", "sparse_fc1")
-PROFILE_VARIANTS = ("mask_fn_jit", "mask_fn_uniform")  # by name only: --variants
+VARIANTS = ("plain", "unmasked", "hold", "hold_unfused", "hold_one", "hold_adamw", "plain_adamw", "frozen_half",
+            "frozen_half_undispatched", "untrainable", "recompiled_half", "mask_fn", "dense_fc1", "sparse_fc1")
+PROFILE_VARIANTS = ("mask_fn_uniform",)  # by name only: --variants
 
 
 def make_variants(names: list[str], seed: int, jit: bool) -> dict:
@@ -185,27 +174,26 @@ def make_variants(names: list[str], seed: int, jit: bool) -> dict:
     for name in names:
         keras.utils.set_random_seed(seed)
         model = deep_mnist_cnn()
-        adam = keras.optimizers.Adam(1e-4)
+        adam = keras.optimizers.AdamW(1e-4, weight_decay=0.004) if name.endswith("adamw") else keras.optimizers.Adam(1e-4)
         callbacks = []
-        if name in ("plain", "plain_jit", "untrainable"):
+        if name in ("plain", "plain_adamw", "untrainable"):
             opt = adam
-            if name == "plain_jit":
-                fuse_update(opt)
             if name == "untrainable":
                 for layer in HALF:
                     model.get_layer(layer).trainable = False
-        elif name in ("mask_fn", "mask_fn_jit", "mask_fn_uniform"):
-            fn = random_keep_uniform if name == "mask_fn_uniform" else random_keep
-            opt = MaskedOptimizer(adam, mask_fn=fn, jit_update=name.endswith("_jit"))
-        elif name in ("hold", "hold_one", "hold_jit"):
-            opt = MaskedOptimizer(adam, jit_update=name.endswith("_jit"))
+        elif name in ("mask_fn", "mask_fn_uniform"):
+            opt = MaskedOptimizer(adam, mask_fn=random_keep_uniform if name == "mask_fn_uniform" else random_keep)
+        elif name == "unmasked":
+            opt = MaskedOptimizer(adam)
+        elif name in ("hold", "hold_one", "hold_adamw", "hold_unfused"):
+            opt = MaskedOptimizer(adam)
             callbacks.append(RandomMasks(opt, seed=seed + 1, only=ONE if name == "hold_one" else None))
         elif name == "recompiled_half":  # the same MaskedOptimizer, built on every variable, then trainable=False
             opt = MaskedOptimizer(adam)
             opt.build(model.trainable_variables)
             for layer in HALF:
                 model.get_layer(layer).trainable = False
-        elif name == "frozen_half":
+        elif name in ("frozen_half", "frozen_half_undispatched"):
             opt = MaskedOptimizer(adam)
             for layer in HALF:
                 for v in model.get_layer(layer).trainable_variables:
@@ -264,8 +252,8 @@ def _met(ok: bool) -> str:
 
 
 def _reference(name: str) -> str:
-    return {"frozen_half": "untrainable", "recompiled_half": "untrainable", "sparse_fc1": "dense_fc1",
-            "hold_jit": "plain_jit"}.get(name, "plain")
+    return {"frozen_half": "untrainable", "frozen_half_undispatched": "untrainable", "recompiled_half": "untrainable",
+            "sparse_fc1": "dense_fc1", "hold_adamw": "plain_adamw"}.get(name, "plain")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -294,8 +282,15 @@ def main(argv: list[str] | None = None) -> dict:
         v["model"].fit(data, epochs=epochs, steps_per_epoch=args.steps, callbacks=v["callbacks"],
                        verbose=0, shuffle=False)
 
-    for name in names:  # trace and warm up: one epoch each, not timed
-        fit(name, 1)
+    for name in names:  # trace and warm up: one epoch each, not timed; a variant's settings are read while it traces
+        saved = {k: getattr(_write_path, k) for k in SETTINGS.get(name, {})}
+        for k, value in SETTINGS.get(name, {}).items():
+            setattr(_write_path, k, value)
+        try:
+            fit(name, 1)
+        finally:
+            for k, value in saved.items():
+                setattr(_write_path, k, value)
     traces_after_warmup = {name: v["traces"][0] for name, v in variants.items()}
     for v in variants.values():
         v["timer"].clear()
@@ -317,7 +312,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     comparisons = {}
     pairs = [(name, _reference(name)) for name in names if name != "plain"]
-    pairs += [(name, "plain") for name in ("hold_jit", "frozen_half") if name in names]  # also against plain fit
+    pairs += [(name, "plain") for name in ("hold_adamw", "frozen_half") if name in names]  # also against plain fit
     for name, ref in pairs:
         c = {"variant": name, "reference": ref}
         for key, table in (("", per_round), ("epoch_", per_round_epoch), ("min_step_", per_round_min),
@@ -325,7 +320,7 @@ def main(argv: list[str] | None = None) -> dict:
             r = [a / b for a, b in zip(table[name], table[ref])]
             c.update({f"{key}ratio_median": statistics.median(r), f"{key}ratio_min": min(r),
                       f"{key}ratio_max": max(r), f"{key}ratio_rounds": r})
-        target = XLA_TARGET if args.jit and ref == "plain" and name != "mask_fn" else TARGETS.get((name, ref))
+        target = XLA_TARGET if args.jit and ref in ("plain", "plain_adamw") and name != "mask_fn" else TARGETS.get((name, ref))
         c["target"] = target
         comparisons[name if ref == _reference(name) else f"{name}/{ref}"] = c
     ms = {name: 1e3 * statistics.median(t) for name, t in per_round.items()}

@@ -65,7 +65,7 @@ def make_steps(batch: int, pool: int, seed: int, jit: bool):
 
     @tf.function(jit_compile=jit)
     def hold_step(masks):
-        masked.apply_gradients(zip(grads_of(model2, x2, y2, loss2), model2.trainable_variables), masks=masks)
+        masked.apply_gradients(zip(grads_of(model2, x2, y2, loss2), model2.trainable_variables), trainable_masks=masks)
 
     steps["hold"] = (hold_step, model2, masked)
 
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict:
     extra = result["optimizer_state_bytes"]["hold"] - result["optimizer_state_bytes"]["plain"]
     print(f"MaskedOptimizer(hold) Adam step vs plain Adam step, custom tf.function loop, Deep MNIST CNN, batch "
           f"{args.batch}, {'XLA' if args.jit else 'no XLA'}, {args.rounds} interleaved rounds x {args.steps} steps; "
-          "hold gets fresh per-element masks for every variable at every step via apply_gradients(masks=...)")
+          "hold gets fresh per-element masks for every variable at every step via apply_gradients(trainable_masks=...)")
     for name, value in ms.items():
         print(f"  {name:<13} {value:8.2f} ms/step wall, {result['cpu_ms_per_step'][name]:8.2f} ms/step process CPU "
               "(medians of rounds)")

@@ -40,7 +40,7 @@ def _mirrored() -> dict:
 BENCHMARKS = {
     "masked_fit": lambda: bench_masked_fit.main(["--rounds", "7", "--epochs", "2", "--steps", "6"]),
     "masked_fit_xla": lambda: bench_masked_fit.main(["--jit", "--rounds", "5", "--epochs", "1", "--steps", "6",
-                                                     "--variants", "hold,hold_one,mask_fn"]),
+                                                     "--variants", "hold,hold_one,mask_fn,hold_adamw"]),
     "masked_step": lambda: bench_masked_step.main(["--rounds", "7", "--steps", "10"]),
     "masked_step_xla": lambda: bench_masked_step.main(["--jit", "--rounds", "5", "--steps", "6"]),
     "masked_mirrored": _mirrored,

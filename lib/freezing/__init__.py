@@ -8,9 +8,12 @@ One module per idea:
 * ``masked_optimizer`` -- ``MaskedOptimizer``: a Keras optimizer whose per-element masks any inner
                           optimizer honours exactly, in ``compile``/``fit``, custom loops and under
                           ``tf.distribute``; its parts: ``_masks`` (masks and modes as state),
-                          ``_write_path`` (the per-variable update and the masked writes),
-                          ``_sparse_state`` (state for a fixed selection only), ``_distribute``
-                          (what each strategy runs or refuses).
+                          ``_write_path`` (the guard: frozen bits only ever copied; the per-variable
+                          paths; the trace-time check), ``_keras_api`` (every private Keras/TensorFlow
+                          name, checked at build), ``_surface`` (the inner optimizer's options seen
+                          through the wrapper), ``_saving`` (config and state), ``_sparse_state``
+                          (state for a fixed selection only), ``_distribute`` (what each strategy runs
+                          or refuses).
 * ``schedule``         -- ``MaskSchedule``: staged unfreezing inside one ``fit`` call.
 * ``audit``            -- ``FreezeAudit``: how many frozen entries moved, and by how much.
 * ``diagnose``         -- ``diagnose``: every cause that can move entries you believe frozen, and the fix.
@@ -19,6 +22,21 @@ One module per idea:
 """
 
 from importlib.metadata import PackageNotFoundError, version
+
+try:
+    import tensorflow  # noqa: F401  (freezing does not pick a TensorFlow build for you)
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "freezing needs TensorFlow next to Keras 3: pip install tensorflow (or tensorflow-cpu, or a GPU build), "
+        "or pip install 'freezing[tensorflow]'"
+    ) from e
+import keras
+
+if keras.backend.backend() != "tensorflow":  # pragma: no cover - depends on the environment
+    raise ImportError(
+        f"freezing works on Keras' TensorFlow backend; this Keras runs on {keras.backend.backend()!r}: set "
+        "KERAS_BACKEND=tensorflow before importing keras"
+    )
 
 from freezing.audit import FreezeAudit
 from freezing.determinism import enable_determinism

@@ -5,11 +5,11 @@ Runs, exactly (every replica holds the frozen bits, and the replicas stay identi
 * ``MirroredStrategy`` (one machine, several devices): ``compile``/``fit``, masks set between steps
   or from a callback, ``MaskSchedule``, ``.keras`` save/load, custom loops with ``strategy.run``;
 * ``MultiWorkerMirroredStrategy`` custom loops (``strategy.run`` with ``apply_gradients(...,
-  masks=...)`` or stored masks);
+  trainable_masks=...)`` or stored masks);
 * ``OneDeviceStrategy`` and the default strategy.
 
-Each replica's update reads its own copy of the mask and mode, passed to it through the same
-``merge_call``/``extended.update`` that carries its gradient (``freezing._write_path``).
+Each replica's write reads its own copy of the mask and mode: the guard reads the mask variable inside
+the ``extended.update`` that writes the replica's copy of the variable (``freezing._write_path``).
 
 Refused, with the reason in the message:
 
@@ -17,9 +17,8 @@ Refused, with the reason in the message:
   for them, and their variable placement is not what the write path is built for (the study's
   parameter server runs the optimizer on the parameter servers itself);
 * under any strategy, an inner optimizer with ``use_ema`` or ``gradient_accumulation_steps``
-  (plain Keras 3.15 fails the same way: a ``merge_call`` inside a ``cond``), ``jit_update=True``
-  (XLA cannot compile a ``merge_call``), ``state="sparse"``, and an inner optimizer created outside
-  the strategy's scope (its updates would not reach every replica);
+  (plain Keras 3.15 fails the same way: a ``merge_call`` inside a ``cond``), ``state="sparse"``, and
+  an inner optimizer created outside the strategy's scope (its updates would not reach every replica);
 
 Not this library's to refuse: ``model.fit`` under ``MultiWorkerMirroredStrategy``. Keras 3.15's own
 ``fit`` fails there with any optimizer, before it builds the optimizer or changes a variable
@@ -35,8 +34,7 @@ from typing import Any
 
 import tensorflow as tf
 
-UPSTREAM_FIT_BUG = "keras-team/keras#20585, tensorflow/tensorflow#72388"
-"""The upstream issues that make Keras 3's own ``fit`` fail under ``MultiWorkerMirroredStrategy``."""
+from freezing._keras_api import strategy_of
 
 SUPPORTED = ("MirroredStrategy", "MultiWorkerMirroredStrategy", "CollectiveAllReduceStrategy",
              "OneDeviceStrategy", "_DefaultDistributionStrategy")
@@ -48,11 +46,6 @@ def _strategy() -> Any:
 
 def _name(strategy: Any) -> str:
     return type(strategy).__name__
-
-
-def is_multi_worker(strategy: Any) -> bool:
-    """Whether ``strategy`` spans worker processes (``MultiWorkerMirroredStrategy``)."""
-    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or _name(strategy) == "CollectiveAllReduceStrategy"
 
 
 def check_construction(wrapper: Any) -> None:
@@ -78,7 +71,7 @@ def check_build(wrapper: Any, leaves: list[Any]) -> None:
                 f"MaskedOptimizer (build): {option} on the inner optimizer is not supported under "
                 f"{_name(strategy)}: Keras 3 itself fails there (a merge_call inside a cond); drop {option}"
             )
-        owner = getattr(leaf, "_distribution_strategy", None)
+        owner = strategy_of(leaf)
         if owner is not strategy:
             raise ValueError(
                 f"MaskedOptimizer (build): the inner optimizer {leaf.name!r} was created outside "
@@ -100,9 +93,6 @@ def _check_kind(strategy: Any, where: str) -> None:
 def _check_options(wrapper: Any, strategy: Any, where: str) -> None:
     if isinstance(strategy, tf.distribute.OneDeviceStrategy):
         return
-    if wrapper.jit_update:
-        raise ValueError(f"MaskedOptimizer ({where}): jit_update=True is not supported under {_name(strategy)} "
-                         "(XLA cannot compile the merge_call that applies an update to every replica)")
     if wrapper.state == "sparse":
         raise ValueError(f"MaskedOptimizer ({where}): state='sparse' is not supported under {_name(strategy)}; "
                          "use state='dense'")

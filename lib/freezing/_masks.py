@@ -6,11 +6,9 @@ says what the mask means for the step, decided on the host when the mask is stor
 
 * ``UNMASKED`` (0) -- every entry trains: Keras' own update, nothing extra;
 * ``FROZEN`` (1)   -- no entry trains: no update at all, slots untouched;
-* ``ELEMENTS`` (2) -- some entries train: the masked update;
-* ``RESTORE`` (3)  -- most entries train: Keras' own update, then the few frozen entries' old bits
-  put back by gather/scatter (cheaper than masking every write when few entries are frozen).
+* ``ELEMENTS`` (2) -- some entries train: the masked update (``freezing._write_path``).
 
-A mask computed in the graph (``masks=`` in ``apply_gradients``, ``mask_fn``) gets its mode in the
+A mask computed in the graph (``trainable_masks=`` in ``apply_gradients``, ``mask_fn``) gets its mode in the
 graph from two reductions over the mask (``reduce_all``/``reduce_any``).
 """
 
@@ -23,11 +21,7 @@ import tensorflow as tf
 
 from freezing.selection import variable_path
 
-UNMASKED, FROZEN, ELEMENTS, RESTORE = 0, 1, 2, 3
-
-RESTORE_BELOW = 0.125
-"""A stored mask whose frozen share is below this (and above 0) uses ``RESTORE``: the plain update
-followed by a scatter of the frozen entries' saved bits, instead of a ``where`` in every write."""
+UNMASKED, FROZEN, ELEMENTS = 0, 1, 2
 
 
 class MaskStore(tf.Module):
@@ -46,9 +40,7 @@ def host_mode(keep: np.ndarray, shape: tuple[int, ...]) -> int:
     size = int(np.prod(shape))
     if trained == size:
         return UNMASKED
-    if trained == 0:
-        return FROZEN
-    return RESTORE if (size - trained) < RESTORE_BELOW * size else ELEMENTS
+    return FROZEN if trained == 0 else ELEMENTS
 
 
 def graph_mode(keep: tf.Tensor) -> tf.Tensor:
@@ -57,35 +49,74 @@ def graph_mode(keep: tf.Tensor) -> tf.Tensor:
     return tf.where(every, UNMASKED, tf.where(some, ELEMENTS, FROZEN))
 
 
+ALLOWED = "bool, or numbers that are each 0 or 1 (1/True = trains, 0/False = frozen)"
+
+
+def check_values(array: np.ndarray, what: str, variable: Any) -> None:
+    """Refuse a mask whose values are not 0/1 (NaN, 0.5, 2, inf): one message naming the first offender."""
+    if array.dtype.kind == "b":
+        return
+    if array.dtype.kind not in "iuf":
+        raise ValueError(f"MaskedOptimizer: {what} for {variable_path(variable)!r} has dtype {array.dtype}; expected {ALLOWED}")
+    bad = ~((array == 0) | (array == 1))
+    if bad.any():
+        first = array[bad].flat[0].item()
+        count = int(np.count_nonzero(bad))
+        raise ValueError(
+            f"MaskedOptimizer: {what} for {variable_path(variable)!r} has {count} value(s) that are not 0 or 1 "
+            f"(the first: {first!r}); expected {ALLOWED}"
+        )
+
+
+def _check_shape(shape: tuple[int, ...] | None, rank: int | None, variable: Any, what: str) -> None:
+    target = tuple(variable.shape)
+    if shape is None:
+        return
+    try:
+        grown = np.broadcast_shapes(shape, target) != target
+    except ValueError:
+        grown = True
+    if grown or (rank is not None and rank > len(target)):
+        raise ValueError(
+            f"MaskedOptimizer: {what} for {variable_path(variable)!r} has shape {shape}; "
+            f"expected a scalar or a shape broadcastable to the variable's {target}"
+        )
+
+
 def check_mask(keep: Any, variable: Any, where: str) -> np.ndarray:
-    """A stored mask as a boolean array, checked to broadcast to the variable without growing it."""
+    """A host mask as a boolean array, checked: 0/1 values only, broadcastable to the variable without growing it.
+
+    >>> import keras; v = keras.Variable([1.0, 2.0], name="w")
+    >>> check_mask([1, 0], v, "set_mask").tolist()
+    [True, False]
+    >>> check_mask([0.5, 1.0], v, "set_mask")
+    Traceback (most recent call last):
+    ...
+    ValueError: MaskedOptimizer: the mask (set_mask) for 'w' has 1 value(s) that are not 0 or 1 (the first: 0.5); expected bool, or numbers that are each 0 or 1 (1/True = trains, 0/False = frozen)
+    """
+    what = f"the mask ({where})"
     try:
         array = np.asarray(keep)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"MaskedOptimizer.{where}: the mask for {variable_path(variable)!r} is not array-like: {e}") from None
-    if array.dtype.kind not in "biuf":
-        raise ValueError(
-            f"MaskedOptimizer.{where}: the mask for {variable_path(variable)!r} has dtype {array.dtype}; "
-            "expected bool or numbers (1/True = train, 0/False = frozen)"
-        )
-    shape = tuple(variable.shape)
-    try:
-        grown = np.broadcast_shapes(array.shape, shape) != shape
-    except ValueError:
-        grown = True
-    if grown or array.ndim > len(shape):
-        raise ValueError(
-            f"MaskedOptimizer.{where}: the mask for {variable_path(variable)!r} has shape {array.shape}; "
-            f"expected a scalar or a shape broadcastable to the variable's {shape}"
-        )
+        raise ValueError(f"MaskedOptimizer: {what} for {variable_path(variable)!r} is not array-like: {e}") from None
+    check_values(array, what, variable)
+    _check_shape(array.shape, array.ndim, variable, what)
     return array.astype(bool)
 
 
 def as_keep(mask: Any, variable: Any, what: str) -> tf.Tensor:
-    """Validate one in-graph mask and return it as a boolean tensor (True = train this step)."""
+    """Validate one per-step mask and return it as a boolean tensor (True = train this step).
+
+    A mask whose values are known (NumPy, Python, an eager or constant tensor) is checked here; a
+    symbolic float mask is checked in the graph, where a value other than 0/1 fails the step.
+    """
+    static = mask if isinstance(mask, (np.ndarray, list, tuple, bool, int, float)) else tf.get_static_value(mask)
+    if static is not None:
+        array = np.asarray(static)
+        check_values(array, what, variable)
+        _check_shape(array.shape, array.ndim, variable, what)
+        return tf.constant(array.astype(bool))
     keep = tf.convert_to_tensor(mask)
-    if keep.dtype != tf.bool:
-        keep = tf.not_equal(keep, tf.zeros((), keep.dtype))
     shape = tf.TensorShape(variable.shape)
     try:
         broadcast = tf.broadcast_static_shape(keep.shape, shape)
@@ -97,11 +128,25 @@ def as_keep(mask: Any, variable: Any, what: str) -> tf.Tensor:
             f"MaskedOptimizer: {what} for {variable_path(variable)!r} has shape {keep.shape}; "
             f"expected None, a scalar, or a shape broadcastable to the variable's {shape}"
         )
-    return keep
+    if keep.dtype == tf.bool:
+        return keep
+    if not (keep.dtype.is_floating or keep.dtype.is_integer):
+        raise ValueError(f"MaskedOptimizer: {what} for {variable_path(variable)!r} has dtype {keep.dtype.name}; expected {ALLOWED}")
+    binary = tf.reduce_all(tf.logical_or(tf.equal(keep, 0), tf.equal(keep, 1)))
+    check = tf.debugging.Assert(binary, [f"MaskedOptimizer: {what} for {variable_path(variable)!r} has a value that "
+                                         f"is not 0 or 1; expected {ALLOWED}"])
+    with tf.control_dependencies([check]):
+        return tf.not_equal(keep, tf.zeros((), keep.dtype))
 
 
-def slot_keep(keep: tf.Tensor, variable: Any, slot: Any, name: str) -> tf.Tensor:
-    """The mask of a slot: the variable's, or for a factored statistic (Adafactor's row/column), any-of."""
+def slot_keep(keep: tf.Tensor, variable: Any, slot: Any) -> tf.Tensor:
+    """The mask of an optimizer variable that belongs to ``variable``.
+
+    A slot shaped like the variable has the variable's mask. A statistic shared by several entries
+    (Adafactor's row and column factors: the variable's shape with one axis removed; a scalar
+    placeholder) is held only when every entry that shares it is frozen: the mask is an any-of over
+    the axes the statistic does not have.
+    """
     var_shape, slot_shape = tuple(variable.shape), tuple(slot.shape)
     if slot_shape == var_shape or keep.shape.rank == 0:
         return keep
@@ -109,11 +154,7 @@ def slot_keep(keep: tf.Tensor, variable: Any, slot: Any, name: str) -> tf.Tensor
     for axis in range(len(var_shape)):
         if var_shape[:axis] + var_shape[axis + 1:] == slot_shape:
             return tf.reduce_any(full, axis=axis)
-    raise ValueError(
-        f"MaskedOptimizer: slot {name!r} of {variable_path(variable)!r} has shape {slot_shape}, which is "
-        f"neither the variable's {var_shape} nor the variable's with one axis reduced; only a scalar "
-        "mask can hold it"
-    )
+    return tf.reduce_any(full)
 
 
 def where(keep: tf.Tensor, new: Any, old: Any, like: Any) -> tf.Tensor:
@@ -149,6 +190,7 @@ def keep_rows(keep: tf.Tensor, indices: tf.Tensor, rank: int) -> tf.Tensor:
 def zero_where_frozen(grad: Any, keep: tf.Tensor, variable: Any) -> Any:
     """The gradient with frozen entries' values set to 0 (an ``IndexedSlices`` stays sparse)."""
     if isinstance(grad, tf.IndexedSlices):
+        grad = tf.IndexedSlices(grad.values, tf.convert_to_tensor(grad.indices), grad.dense_shape)  # a tuple too
         rows = keep_rows(keep, grad.indices, len(variable.shape))
         values = tf.where(rows, grad.values, tf.zeros((), grad.values.dtype))
         return tf.IndexedSlices(values, grad.indices, grad.dense_shape)

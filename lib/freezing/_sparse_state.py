@@ -33,11 +33,8 @@ import numpy as np
 import tensorflow as tf
 
 from freezing import _masks
+from freezing._keras_api import key, tf_variable, trainable_variables
 from freezing.selection import variable_path
-
-SPARSE = 4
-"""The mode of a variable whose state is sparse (its update runs on the gathered entries)."""
-
 
 class _Entry:
     __slots__ = ("variable", "index", "values", "size")
@@ -67,7 +64,7 @@ class SparseState:
             return var_list
         wrapper, out = self.wrapper, []
         for i, v in enumerate(var_list):
-            path, key = variable_path(v), wrapper._var_key(v)
+            path, k = variable_path(v), key(v)
             keep = pending.get(path)
             if keep is not None:
                 keep = _masks.check_mask(keep, v, "set_mask")
@@ -85,14 +82,14 @@ class SparseState:
                 raise ValueError(f"MaskedOptimizer: state='sparse' cannot apply the constraint of {path!r} "
                                  "to a selection; use the dense state for it")
             if size == 0:
-                self.frozen.add(key)
+                self.frozen.add(k)
                 continue
             index = tf.Variable(np.zeros(size, np.int32) if flat is None else flat.astype(np.int32),
                                 trainable=False, name=f"sparse_index_{len(self.entries)}")
             initial = np.zeros(size, v.dtype) if flat is None else np.asarray(v.numpy()).reshape(-1)[flat]
             values = keras.Variable(initial, dtype=v.dtype, trainable=False, name=v.name)
             entry = _Entry(v, index, values, size)
-            self.entries[key] = entry
+            self.entries[k] = entry
             self._by_values[id(values)] = entry
             wrapper._masks.index.append(index)
             out.append(values)
@@ -109,37 +106,42 @@ class SparseState:
     def sizes(self) -> list[int | None]:
         """K per built variable (None: dense state), for the config: what ``build`` needs before loading the state."""
         out = []
-        for v in self.wrapper._trainable_variables:
-            key = self.wrapper._var_key(v)
-            out.append(0 if key in self.frozen else self.entries[key].size if key in self.entries else None)
+        for v in trainable_variables(self.wrapper):
+            k = key(v)
+            out.append(0 if k in self.frozen else self.entries[k].size if k in self.entries else None)
         return out
 
     def inner_variables(self, var_list: Any) -> list[Any]:
         """``var_list`` as the inner optimizer knows it (scratch values for sparse variables)."""
         out = []
         for v in var_list:
-            key = self.wrapper._var_key(v)
-            if key in self.frozen:
+            k = key(v)
+            if k in self.frozen:
                 continue
-            out.append(self.entries[key].values if key in self.entries else v)
+            out.append(self.entries[k].values if k in self.entries else v)
         return out
 
     def holds_all(self, variable: Any) -> bool:
         """Whether ``variable`` is wholly frozen under sparse state (the inner optimizer does not know it)."""
-        return bool(self.frozen) and self.wrapper._var_key(variable) in self.frozen
+        return bool(self.frozen) and key(variable) in self.frozen
+
+    def holds(self, variable: Any) -> bool:
+        """Whether ``variable``'s state is sparse (or it is wholly frozen under sparse state): no mask to guard."""
+        k = key(variable)
+        return k in self.entries or k in self.frozen
 
     def reference(self, variable: Any) -> Any:
         """The variable the inner optimizer keeps state for: the scratch values of a sparse one."""
-        entry = self.entries.get(self.wrapper._var_key(variable)) if self.entries else None
+        entry = self.entries.get(key(variable)) if self.entries else None
         return variable if entry is None else entry.values
 
     # -- masks --------------------------------------------------------------------------------------
     def mask(self, variable: Any) -> np.ndarray | None:
         """The fixed selection of a sparse variable as a full boolean mask, or None when it is dense."""
-        key = self.wrapper._var_key(variable)
-        if key in self.frozen:
+        k = key(variable)
+        if k in self.frozen:
             return np.zeros(tuple(variable.shape), bool)
-        entry = self.entries.get(key)
+        entry = self.entries.get(k)
         if entry is None:
             return None
         flat = np.zeros(int(np.prod(variable.shape)), bool)
@@ -148,7 +150,7 @@ class SparseState:
 
     def to_full(self, variable: Any, values: np.ndarray) -> np.ndarray:
         """Per-entry values of a sparse variable's K trainable entries, placed in an array shaped like it (0 elsewhere)."""
-        entry = self.entries[self.wrapper._var_key(variable)]
+        entry = self.entries[key(variable)]
         flat = np.zeros(int(np.prod(variable.shape)), np.asarray(values).dtype)
         flat[entry.index.numpy()] = np.asarray(values).reshape(-1)
         return flat.reshape(tuple(variable.shape))
@@ -168,25 +170,24 @@ class SparseState:
     def check_call_masks(self, variables: list[Any], masks: list[Any]) -> list[Any]:
         """Per-call masks cannot change a fixed selection: refuse one on a sparse variable."""
         for v, m in zip(variables, masks):
-            key = self.wrapper._var_key(v)
-            if m is not None and (key in self.entries or key in self.frozen):
-                raise ValueError(f"MaskedOptimizer: masks= for {variable_path(v)!r}, whose state is sparse "
+            k = key(v)
+            if m is not None and (k in self.entries or k in self.frozen):
+                raise ValueError(f"MaskedOptimizer: trainable_masks= for {variable_path(v)!r}, whose state is sparse "
                                  "(a fixed selection); pass None for it")
         return masks
 
     # -- the step -----------------------------------------------------------------------------------
-    def gather(self, grads: list[Any], variables: list[Any], step: Any) -> tuple[list[Any], list[Any], Any]:
+    def gather(self, grads: list[Any], variables: list[Any]) -> tuple[list[Any], list[Any]]:
         """Swap each sparse variable for its scratch values (refilled from the variable) and gathered gradient."""
-        if not (self.entries or self.frozen):
-            return grads, variables, step
-        wrapper = self.wrapper
-        out_g, out_v = [], []
         self._pending_scatter = []
+        if not (self.entries or self.frozen):
+            return grads, variables
+        out_g, out_v = [], []
         for g, v in zip(grads, variables):
-            key = wrapper._var_key(v)
-            if key in self.frozen:
+            k = key(v)
+            if k in self.frozen:
                 continue
-            entry = self.entries.get(key)
+            entry = self.entries.get(k)
             if entry is None:
                 out_g.append(g)
                 out_v.append(v)
@@ -197,25 +198,21 @@ class SparseState:
                 g = tf.gather(tf.reshape(tf.convert_to_tensor(g), [-1]), index)
             out_g.append(g)
             out_v.append(entry.values)
-            values_key = wrapper._var_key(entry.values)
-            step.keeps[values_key] = tf.constant(True)
-            step.modes[values_key] = tf.constant(_masks.UNMASKED, tf.int32)
-            step.resets[values_key] = False
             self._pending_scatter.append(entry)
-        return out_g, out_v, step
+        return out_g, out_v
 
     def scatter(self) -> None:
         """Write the updated scratch values back into their variables."""
         for entry in getattr(self, "_pending_scatter", []):
             where = _unravel(tf.convert_to_tensor(entry.index), tuple(entry.variable.shape))
-            variable = entry.variable.value if isinstance(entry.variable, keras.Variable) else entry.variable
+            variable = tf_variable(entry.variable)
             variable.scatter_nd_update(where, tf.convert_to_tensor(entry.values))
         self._pending_scatter = []
 
     def optimizer_bytes(self, inner_slots: dict[str, Any], variable: Any) -> int:
         """Bytes of optimizer state for ``variable``: its slots, plus its selection and scratch when sparse."""
         total = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in inner_slots.values())
-        entry = self.entries.get(self.wrapper._var_key(variable))
+        entry = self.entries.get(key(variable))
         if entry is not None:
             total += entry.size * (4 + np.dtype(entry.values.dtype).itemsize)
         return total

@@ -17,7 +17,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from freezing import masked_optimizer
+from freezing import _keras_api, masked_optimizer
 from freezing._wrappers import wrapper_chain
 from freezing.selection import variable_path
 from freezing.slots import slot_initial_value, slots
@@ -237,19 +237,19 @@ def diagnose(model: Any, frozen: Any, optimizer: Any = None) -> Diagnosis:
     owned, trainable = {id(v) for v in model.variables}, {id(v) for v in model.trainable_variables}
     stats = {  # BatchNormalization weights other than gamma and beta: the moving statistics
         id(w): layer
-        for layer in model._flatten_layers()
+        for layer in _keras_api.flatten_layers(model)
         if isinstance(layer, keras.layers.BatchNormalization)
         for w in layer.weights
         if all(w is not getattr(layer, a, None) for a in ("gamma", "beta"))
     }
 
     def known(o: Any, v: Any) -> bool:
-        return v is not None and bool(o.built) and o._var_key(v) in o._trainable_variables_indices
+        return v is not None and _keras_api.knows(o, v)
 
     rows: list[Cause] = []
     for v, f in _targets(model, frozen):
         counts: dict[str, Any] = {}
-        leaf = opt._optimizer_map(v) if multi is not None and isinstance(opt, multi) else opt
+        leaf = _keras_api.multi_optimizer_for(opt, v) if multi is not None and isinstance(opt, multi) else opt
         live = id(v) in trainable or (id(v) not in owned and getattr(v, "trainable", False))
         updated = False  # whether fit hands it to the optimizer
         sparse = masked is not None and masked.built and masked.state == "sparse"
@@ -279,7 +279,7 @@ def diagnose(model: Any, frozen: Any, optimizer: Any = None) -> Diagnosis:
             if ref is not v and isinstance(moved, np.ndarray):  # K entries of a sparse state, at their places
                 moved = masked._sparse.to_full(v, moved)
             counts["moments"] = exposed & moved
-            if leaf.weight_decay and leaf._use_weight_decay(v):
+            if _keras_api.uses_weight_decay(leaf, v):
                 counts["weight_decay"] = exposed & (np.asarray(v.numpy()) != 0)
             if getattr(v, "constraint", None) is not None:
                 counts["constraint"] = exposed

@@ -79,7 +79,7 @@ def transform(grads: Sequence[Any], fn: Callable[[Any], Any] | None) -> list[Any
 
 
 def apply(grads: Sequence[Any], variables: Sequence[Any], optimizer: Any = None, *,
-          learning_rate: float | None = None, masks: Sequence[Any] | None = None) -> None:
+          learning_rate: float | None = None, trainable_masks: Sequence[Any] | None = None) -> None:
     """Apply gradients through ``optimizer``, or as the plain step ``v.assign_sub(learning_rate * g)``.
 
     The plain step is exact: afterwards ``v == v_before - learning_rate * g`` bit for bit (in the
@@ -91,7 +91,7 @@ def apply(grads: Sequence[Any], variables: Sequence[Any], optimizer: Any = None,
         optimizer: a Keras optimizer (``MaskedOptimizer`` included) whose ``apply_gradients``
             takes the pairs; give this or ``learning_rate``, not both.
         learning_rate: the step size of a plain gradient-descent step without optimizer state.
-        masks: per-variable masks passed on as ``apply_gradients(..., masks=masks)``; only for an
+        trainable_masks: per-variable masks (True trains) passed on as ``apply_gradients(..., trainable_masks=...)``; only for an
             optimizer that accepts them (``MaskedOptimizer``).
 
     Returns:
@@ -99,7 +99,7 @@ def apply(grads: Sequence[Any], variables: Sequence[Any], optimizer: Any = None,
 
     Raises:
         ValueError: if ``grads`` and ``variables`` differ in length, if not exactly one of
-            ``optimizer`` and ``learning_rate`` is given, or if ``masks`` come without an optimizer.
+            ``optimizer`` and ``learning_rate`` is given, or if ``trainable_masks`` come without an optimizer.
 
     Example:
         >>> import tensorflow as tf
@@ -118,12 +118,12 @@ def apply(grads: Sequence[Any], variables: Sequence[Any], optimizer: Any = None,
     if (optimizer is None) == (learning_rate is None):
         raise ValueError("apply: give exactly one of optimizer= or learning_rate=")
     if optimizer is None:
-        if masks is not None:
-            raise ValueError("apply: masks need an optimizer (use MaskedOptimizer); plain assign_sub takes none")
+        if trainable_masks is not None:
+            raise ValueError("apply: trainable_masks need an optimizer (use MaskedOptimizer); plain assign_sub takes none")
         for g, v in zip(grads, variables):
             v.assign_sub(tf.cast(learning_rate, v.dtype) * tf.convert_to_tensor(g, v.dtype))
-    elif masks is not None:
-        optimizer.apply_gradients(zip(grads, variables), masks=masks)
+    elif trainable_masks is not None:
+        optimizer.apply_gradients(zip(grads, variables), trainable_masks=trainable_masks)
     else:
         optimizer.apply_gradients(zip(grads, variables))
 

@@ -10,31 +10,15 @@ optimizers (graph and eager mode), and anything wrapping them (``MaskedOptimizer
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import keras
 import tensorflow as tf
 
+from freezing import _keras_api
 from freezing._wrappers import unwrap, wrapper_chain
 from freezing.selection import variable_path
-
-
-def _keras_slot_lists(optimizer: keras.optimizers.Optimizer) -> dict[str, Sequence[Any]]:
-    """Every per-variable list of optimizer variables, found by alignment with the built variables."""
-    n = len(optimizer._trainable_variables)
-    shared = {id(getattr(optimizer, a, None)) for a in ("_iterations", "_learning_rate")}
-    public = {id(v) for v in optimizer.variables} - shared
-    found = {}
-    for attr, value in vars(optimizer).items():
-        if attr in ("_trainable_variables", "_variables") or isinstance(value, (str, bytes)):
-            continue
-        if not isinstance(value, Sequence) or len(value) != n or n == 0:
-            continue
-        if all(x is None or id(x) in public for x in value) and any(x is not None for x in value):
-            found[attr] = value
-    return found
 
 
 def _keras_slots(optimizer: keras.optimizers.Optimizer, variable: Any) -> dict[str, Any]:
@@ -43,16 +27,16 @@ def _keras_slots(optimizer: keras.optimizers.Optimizer, variable: Any) -> dict[s
             f"slots: optimizer {optimizer.name!r} is not built yet; call optimizer.build(variables) first"
         )
     try:
-        index = optimizer._get_variable_index(variable)
+        index = _keras_api.index(optimizer, variable)
     except KeyError:
         raise ValueError(
             f"slots: variable {variable_path(variable)!r} is not one the optimizer {optimizer.name!r} "
-            f"was built with (it knows {len(optimizer._trainable_variables)} variables)"
+            f"was built with (it knows {len(_keras_api.trainable_variables(optimizer))} variables)"
         ) from None
     ref = variable.path if hasattr(variable, "path") else str(variable.name).replace(":", "_")
     prefix = f"{optimizer.name}/{ref.replace('/', '_')}_"  # as keras' add_variable_from_reference names it
     result = {}
-    for attr, values in _keras_slot_lists(optimizer).items():
+    for attr, values in _keras_api.per_variable_lists(optimizer).items():
         slot = values[index]
         if slot is None:
             continue
@@ -139,15 +123,7 @@ def slot_initial_value(optimizer: Any, slot_name: str) -> float:
     optimizer = unwrap(optimizer)
     if slot_name == "rms" and isinstance(optimizer, tf.compat.v1.train.RMSPropOptimizer):
         return 1.0  # TF1's RMSProp initializes its mean square with ones, not zeros
-    if slot_name == "gradient_squared_accumulator" and hasattr(
-        optimizer, "_initial_gradient_squared_accumulator_value"
-    ):
-        return float(optimizer._initial_gradient_squared_accumulator_value)
-    if slot_name in ("accumulator", "accum"):
-        for attr in ("initial_accumulator_value", "_initial_accumulator_value"):
-            if hasattr(optimizer, attr):
-                return float(getattr(optimizer, attr))
-    return 0.0
+    return _keras_api.initial_accumulator(optimizer, slot_name)
 
 
 def _assign_where(slot: Any, where: Any, new: Any) -> Any:

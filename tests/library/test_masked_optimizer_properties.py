@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes
 
 from freezing import FreezeAudit, MaskedOptimizer, slot_initial_value, slots
-from study.optimizers import OPTIMIZERS, make_optimizer
+from optimizer_zoo import OPTIMIZERS, make_optimizer
 
 MASK_KINDS = ("random", "all0", "all1", "scalar0", "scalar1")
 PROPERTY = settings(max_examples=12, deadline=None, derandomize=True,
@@ -58,7 +58,7 @@ def test_frozen_entries_never_change(name, policy, case):
         frozen = ~np.broadcast_to(keep, shape)
         n_frozen += int(frozen.sum())
         with audit.step(frozen=[frozen, np.zeros(3, bool)]):
-            opt.apply_gradients([(_grad(shape, rng), w), (_grad((3,), rng), b)], masks=[keep, None])
+            opt.apply_gradients([(_grad(shape, rng), w), (_grad((3,), rng), b)], trainable_masks=[keep, None])
         if policy == "reset":
             for slot_name, slot in slots(opt, w).items():
                 assert np.all(slot.numpy()[frozen] == slot_initial_value(opt, slot_name)), slot_name
@@ -103,7 +103,7 @@ def test_unmasked_steps_are_bit_identical_to_the_plain_optimizer(name, policy, c
     for _ in case["kinds"]:
         g = _grad(shape, rng)
         plain.apply_gradients([(g, plain_w)])
-        masked.apply_gradients([(g, masked_w)], masks=None if mask is None else [mask])
+        masked.apply_gradients([(g, masked_w)], trainable_masks=None if mask is None else [mask])
     _assert_same_bits(plain_w.numpy(), masked_w.numpy(), what="value")
     for slot_name, slot in slots(plain, plain_w).items():
         _assert_same_bits(slot.numpy(), slots(masked, masked_w)[slot_name].numpy(), what=slot_name)
@@ -130,7 +130,7 @@ def test_a_masked_step_equals_the_plain_step_where_trainable(name, policy, case)
     keep = np.broadcast_to(_mask(case["kinds"][0], shape, rng), shape)
     g = _grad(shape, rng)
     plain.apply_gradients([(g, plain_w)])
-    masked.apply_gradients([(g, masked_w)], masks=[keep])
+    masked.apply_gradients([(g, masked_w)], trainable_masks=[keep])
     _assert_same_bits(plain_w.numpy(), masked_w.numpy(), where=keep, what="trainable values")
     _assert_same_bits(before, masked_w.numpy(), where=~keep, what="frozen values")
     for slot_name, slot in slots(plain, plain_w).items():
@@ -149,5 +149,5 @@ def test_policy_none_is_the_inner_optimizer_on_gated_gradients(name, case):
         keep = np.broadcast_to(_mask(kind, shape, rng), shape)
         g = _grad(shape, rng)
         plain.apply_gradients([(tf.where(keep, g, 0.0), plain_w)])
-        masked.apply_gradients([(g, masked_w)], masks=[keep])
+        masked.apply_gradients([(g, masked_w)], trainable_masks=[keep])
     _assert_same_bits(plain_w.numpy(), masked_w.numpy(), what="value")

@@ -28,7 +28,7 @@ def test_one_pass_gives_every_gradient_and_optimizers_apply_them():
     assert len(grads) == 4 and all(g.shape == v.shape for g, v in zip(grads, model.trainable_variables))
     opt = MaskedOptimizer(keras.optimizers.Adam(0.1), "hold")
     kernel = model.trainable_variables[0].numpy().copy()
-    gradients.apply(grads, model.trainable_variables, opt, masks=[False, None, None, None])
+    gradients.apply(grads, model.trainable_variables, opt, trainable_masks=[False, None, None, None])
     np.testing.assert_array_equal(model.trainable_variables[0].numpy(), kernel)
 
 

@@ -1,0 +1,220 @@
+"""Every private Keras and TensorFlow name the library touches, in one place, checked before it is relied on.
+
+Keras 3 gives optimizer authors a public surface (``build``, ``update_step``, ``assign``,
+``add_variable_from_reference``, ``variables``) but no public way to ask which optimizer variables
+belong to which model variable, whether a variable is excluded from weight decay, or which replica an
+update runs on. Those answers come from the private names below. ``check`` runs when a
+``MaskedOptimizer`` is built: if a Keras or TensorFlow release renames or removes one of them, building
+fails with one message naming the version and the name, instead of a step that silently moves frozen
+entries.
+
+Nothing else in ``freezing`` reads a private Keras or TensorFlow attribute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+# The private optimizer names relied on, with what each must be.
+OPTIMIZER_NAMES = {
+    "_var_key": "a method: variable -> stable key (TensorFlow: the distributed container's id)",
+    "_trainable_variables": "the list of variables the optimizer was built with",
+    "_trainable_variables_indices": "a dict: variable key -> index into that list",
+    "_use_weight_decay": "a method: variable -> whether weight decay applies to it",
+    "_distribution_strategy": "the tf.distribute strategy the optimizer was created under",
+    "_clip_gradients": "a method: gradients -> clipped gradients",
+    "_apply_weight_decay": "a method: variables -> None, decays them",
+}
+
+
+def _tf_private() -> tuple[Any, Any, Any]:
+    from tensorflow.python.distribute import distribute_lib
+    from tensorflow.python.framework import ops
+    from tensorflow.python.ops import control_flow_util
+
+    return distribute_lib, ops, control_flow_util
+
+
+def check(optimizer: keras.optimizers.Optimizer) -> None:
+    """Raise one ``RuntimeError`` naming the Keras/TensorFlow version and the missing private name, if any.
+
+    Args:
+        optimizer: a built Keras optimizer (the one whose variables are read).
+
+    Raises:
+        RuntimeError: a private name this library relies on is missing or has changed kind.
+
+    >>> opt = keras.optimizers.Adam(); opt.build([keras.Variable([1.0])]); check(opt)
+    """
+    versions = f"Keras {keras.__version__}, TensorFlow {tf.__version__}"
+    for name, what in OPTIMIZER_NAMES.items():
+        if not hasattr(optimizer, name):
+            raise RuntimeError(
+                f"freezing: {versions}: {type(optimizer).__name__} has no {name!r} ({what}); this version of "
+                "Keras changed what MaskedOptimizer relies on. Use the Keras range freezing declares "
+                "(pip show freezing) or report it."
+            )
+    try:
+        distribute_lib, ops, control_flow_util = _tf_private()
+        for module, name in ((distribute_lib, "get_update_replica_id"), (ops, "get_default_graph"),
+                             (control_flow_util, "GraphOrParentsInXlaContext")):
+            getattr(module, name)
+    except (ImportError, AttributeError) as e:
+        raise RuntimeError(f"freezing: {versions}: a TensorFlow internal MaskedOptimizer relies on is gone ({e})") from None
+
+
+# -- variables ---------------------------------------------------------------------------------------
+def tf_variable(variable: Any) -> Any:
+    """The ``tf.Variable`` behind a Keras variable (its ``value``), or ``variable`` itself.
+
+    Not ``isinstance(variable, keras.Variable)``: in Keras 3.5 the variables an optimizer creates are not
+    instances of the exported ``keras.Variable`` class.
+
+    >>> v = keras.Variable([1.0]); tf_variable(v) is v.value, tf_variable(v.value) is v.value
+    (True, True)
+    """
+    if isinstance(variable, tf.Variable):
+        return variable
+    value = getattr(variable, "value", None)
+    return value if isinstance(value, tf.Variable) else variable
+
+
+def key(variable: Any) -> int:
+    """A stable key of a variable: the same for a Keras variable, its ``tf.Variable`` and each replica's copy.
+
+    >>> v = keras.Variable([1.0]); key(v) == key(v.value)
+    True
+    """
+    variable = tf_variable(variable)
+    container = getattr(variable, "_distributed_container", None)
+    if container is None:
+        try:  # a replica's copy inside a tf.function: the container hangs off the handle
+            container = getattr(variable.handle, "_distributed_container", None)
+        except (AttributeError, ValueError):  # a DistributedVariable outside a replica context has no handle
+            container = None
+    return (variable if container is None else container())._unique_id
+
+
+def components(variable: Any) -> list[Any]:
+    """The ``tf.Variable`` objects that hold ``variable``'s values: one, or one per replica under a strategy."""
+    value = tf_variable(variable)
+    values = getattr(value, "values", None)  # a tf.distribute DistributedVariable
+    return list(values) if isinstance(values, (tuple, list)) else [value]
+
+
+def trainable_variables(optimizer: Any) -> list[Any]:
+    """The variables a built optimizer was built with, in order."""
+    return list(optimizer._trainable_variables)
+
+
+def knows(optimizer: Any, variable: Any) -> bool:
+    """Whether a built optimizer was built with ``variable``."""
+    return bool(optimizer.built) and optimizer._var_key(variable) in optimizer._trainable_variables_indices
+
+
+def index(optimizer: Any, variable: Any) -> int:
+    """The position of ``variable`` among the variables ``optimizer`` was built with (``KeyError`` if none)."""
+    return optimizer._trainable_variables_indices[optimizer._var_key(variable)]
+
+
+def uses_weight_decay(optimizer: Any, variable: Any) -> bool:
+    """Whether ``optimizer`` decays ``variable`` (weight decay set, and the variable not excluded)."""
+    return bool(optimizer.weight_decay) and bool(optimizer._use_weight_decay(variable))
+
+
+def clip_gradients(optimizer: Any, grads: Sequence[Any]) -> Any:
+    """The optimizer's own gradient clipping (``clipnorm``, ``global_clipnorm``, ``clipvalue``)."""
+    return optimizer._clip_gradients(grads)
+
+
+def apply_weight_decay(optimizer: Any, variables: Sequence[Any]) -> None:
+    """The optimizer's own weight decay of ``variables`` (its rule: Muon has its own)."""
+    optimizer._apply_weight_decay(variables)
+
+
+def strategy_of(optimizer: Any) -> Any:
+    """The ``tf.distribute`` strategy the optimizer was created under."""
+    return getattr(optimizer, "_distribution_strategy", None)
+
+
+def per_variable_lists(optimizer: Any) -> dict[str, Sequence[Any]]:
+    """Every attribute of a built optimizer that is a list with one optimizer variable (or None) per built variable.
+
+    Keras keeps an optimizer's per-variable state in such lists (``_momentums``, ``_velocities``, Adafactor's
+    ``_r``/``_c``/``_v``, ``_model_variables_moving_average``, ``_accumulated_gradients``); finding them by
+    alignment rather than by name covers optimizers this library has never seen.
+    """
+    n = len(optimizer._trainable_variables)
+    shared = {id(getattr(optimizer, a, None)) for a in ("_iterations", "_learning_rate")}
+    owned = {id(v) for v in optimizer.variables} - shared
+    found = {}
+    for attr, value in vars(optimizer).items():
+        if attr in ("_trainable_variables", "_variables") or isinstance(value, (str, bytes)):
+            continue
+        if not isinstance(value, Sequence) or len(value) != n or n == 0:
+            continue
+        if all(x is None or id(x) in owned for x in value) and any(x is not None for x in value):
+            found[attr] = value
+    return found
+
+
+OUTSIDE_UPDATE_STEP = ("_model_variables_moving_average", "_accumulated_gradients")
+"""Per-variable lists that ``update_step`` does not write: the EMA averages and the gradient accumulators."""
+
+
+def ema_averages(optimizer: Any) -> list[Any]:
+    """The EMA averages (``use_ema=True``), one per built variable (None where there is none), or []."""
+    return list(getattr(optimizer, "_model_variables_moving_average", None) or []) if optimizer.use_ema else []
+
+
+def initial_accumulator(optimizer: Any, slot_name: str) -> float:
+    """The value an accumulator slot starts from: Keras' ``initial_accumulator_value`` (Adagrad, Ftrl), or
+    ``tf.compat.v1``'s private ``_initial_accumulator_value`` / ``_initial_gradient_squared_accumulator_value``."""
+    if slot_name == "gradient_squared_accumulator" and hasattr(optimizer, "_initial_gradient_squared_accumulator_value"):
+        return float(optimizer._initial_gradient_squared_accumulator_value)
+    if slot_name in ("accumulator", "accum"):
+        for attr in ("initial_accumulator_value", "_initial_accumulator_value"):
+            if hasattr(optimizer, attr):
+                return float(getattr(optimizer, attr))
+    return 0.0
+
+
+def multi_optimizer_for(optimizer: Any, variable: Any) -> Any:
+    """The optimizer of a ``keras.optimizers.MultiOptimizer`` that updates ``variable``."""
+    return optimizer._optimizer_map(variable)
+
+
+def flatten_layers(model: Any) -> list[Any]:
+    """Every layer of a model, nested ones included."""
+    return list(model._flatten_layers())
+
+
+# -- graph and distribution context -------------------------------------------------------------------
+def in_xla() -> bool:
+    """Whether the graph being traced is compiled by XLA (``jit_compile=True``)."""
+    if tf.executing_eagerly():
+        return False
+    _, ops, control_flow_util = _tf_private()
+    return bool(control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()))
+
+
+def replica_id() -> int:
+    """The replica a write runs for: the update's (inside a ``MirroredStrategy``'s ``extended.update``), else
+    the replica context's, else 0."""
+    distribute_lib, _, _ = _tf_private()
+    update = distribute_lib.get_update_replica_id()
+    if isinstance(update, int):  # the default strategy puts the variable or its device there instead
+        return update
+    context = tf.distribute.get_replica_context()
+    rid = None if context is None else tf.get_static_value(context.replica_id_in_sync_group)
+    return 0 if rid is None else int(rid)
+
+
+def default_graph() -> Any:
+    """The graph being built (a ``FuncGraph`` inside ``tf.function`` or a branch of control flow)."""
+    _, ops, _ = _tf_private()
+    return ops.get_default_graph()

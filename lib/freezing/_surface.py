@@ -1,0 +1,121 @@
+"""The Keras optimizer surface of ``MaskedOptimizer``, forwarded to the optimizer it wraps.
+
+Keras code and callbacks read attributes straight off ``model.optimizer``: ``LearningRateScheduler``
+and ``ReduceLROnPlateau`` the learning rate, ``TensorBoard`` too, ``SwapEMAWeights`` ``use_ema`` and the
+averages, ``LossScaleOptimizer`` and ``MultiOptimizer`` ``loss_scale_factor``, Keras' own tests
+``_clip_gradients``, ``initial_scale`` and ``optimizers``. A wrapper that answered with its own defaults
+would silently switch those features off, so, as in Keras' ``LossScaleOptimizer``, every option of the
+inner optimizer is read and written through, and any other attribute the wrapper does not have is
+looked up on the inner optimizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from freezing import _keras_api
+
+FORWARDED = {
+    "use_ema": False, "ema_momentum": 0.99, "ema_overwrite_frequency": None, "clipnorm": None,
+    "global_clipnorm": None, "clipvalue": None, "weight_decay": None, "gradient_accumulation_steps": None,
+    "loss_scale_factor": None, "_iterations": None,
+}
+"""The inner optimizer's options a wrapper reads and writes through, with Keras' defaults (what the
+wrapper answers while it is being constructed and while Keras builds its own, unused, state). The step
+counter ``_iterations`` is Keras' own name for it, read by its tests and callbacks."""
+
+
+def _forward(name: str, default: Any) -> property:
+    def get(self: Any) -> Any:
+        inner = self.__dict__.get("inner")
+        if inner is None or self.__dict__.get("_own_defaults"):
+            return default
+        return getattr(inner, name)
+
+    def set_(self: Any, value: Any) -> None:
+        inner = self.__dict__.get("inner")
+        if inner is not None:  # Keras' base __init__ sets every option before there is an inner optimizer
+            setattr(inner, name, value)
+
+    return property(get, set_, doc=f"The inner optimizer's ``{name}`` (read and written through).")
+
+
+class InnerSurface:
+    """Mixin: the inner optimizer's options, learning rate, counters and unknown attributes, seen through a wrapper."""
+
+    inner: Any
+
+    def __getattr__(self, name: str) -> Any:
+        inner = self.__dict__.get("inner")
+        if inner is None or name.startswith("__") or name in ("inner", "_own_defaults"):
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+    @property
+    def learning_rate(self) -> Any:
+        """The inner optimizer's learning rate; setting it sets the inner one's.
+
+        >>> import keras; from freezing import MaskedOptimizer
+        >>> opt = MaskedOptimizer(keras.optimizers.SGD(0.1)); opt.learning_rate = 0.5
+        >>> float(opt.inner.learning_rate.numpy())
+        0.5
+        """
+        inner = self.__dict__.get("inner")
+        return 0.0 if inner is None else inner.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value: Any) -> None:
+        inner = self.__dict__.get("inner")
+        if inner is not None:
+            inner.learning_rate = value
+
+    @property
+    def iterations(self) -> Any:
+        """The inner optimizer's step counter (what ``mask_fn`` receives as ``step``).
+
+        >>> import keras, numpy as np; from freezing import MaskedOptimizer
+        >>> w = keras.Variable([1.0], name="w"); opt = MaskedOptimizer("sgd")
+        >>> _ = opt.apply_gradients([(np.float32([1.0]), w)]); int(opt.iterations.numpy())
+        1
+        """
+        return self.inner.iterations
+
+    def scale_loss(self, loss: Any) -> Any:
+        """Forward loss scaling to the inner optimizer (a ``LossScaleOptimizer`` multiplies it).
+
+        >>> import keras; from freezing import MaskedOptimizer
+        >>> opt = MaskedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(), initial_scale=8.0))
+        >>> float(opt.scale_loss(2.0))
+        16.0
+        """
+        return self.inner.scale_loss(loss)
+
+    def _clip_gradients(self, grads: Sequence[Any]) -> Any:
+        return _keras_api.clip_gradients(self.inner, grads)
+
+    def exclude_from_weight_decay(self, var_list: Sequence[Any] | None = None,
+                                  var_names: Sequence[str] | None = None) -> None:
+        """Exclude variables from the inner optimizer's weight decay (every optimizer of a ``MultiOptimizer``).
+
+        Args:
+            var_list: variables to exclude.
+            var_names: substrings: a variable whose name contains one is excluded.
+
+        >>> import keras, numpy as np; from freezing import MaskedOptimizer
+        >>> bias, kernel = keras.Variable([1.0], name="bias"), keras.Variable([1.0], name="kernel")
+        >>> opt = MaskedOptimizer(keras.optimizers.AdamW(1.0, weight_decay=0.1))
+        >>> opt.exclude_from_weight_decay(var_names=["bias"])
+        >>> _ = opt.apply_gradients([(np.zeros(1, "float32"), bias), (np.zeros(1, "float32"), kernel)])
+        >>> bias.numpy().tolist(), kernel.numpy().tolist()  # only the kernel decayed
+        ([1.0], [0.8999999761581421])
+        """
+        for leaf in self._leaves():
+            leaf.exclude_from_weight_decay(var_list=var_list, var_names=var_names)
+
+    def _leaves(self) -> list[Any]:  # pragma: no cover - defined by the wrapper
+        raise NotImplementedError
+
+
+for _name, _default in FORWARDED.items():
+    setattr(InnerSurface, _name, _forward(_name, _default))
