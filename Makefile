@@ -43,10 +43,10 @@ test-oldest: $(OLDEST_STAMP) ## The library's tests and that Keras' optimizer te
 ci: test test-slow test-oldest ## What CI runs (.ci/run)
 
 smoke: $(STAMP) ## Run every notebook on tiny parameters into build/smoke/ (about a minute each)
-	$(PY) -m study.pipeline --profile smoke --out build/smoke
+	$(PY) -m study.report --profile smoke --out build/smoke
 
-reproduce: $(STAMP) ## Regenerate results/ on full parameters, rerunning only changed notebooks (FORCE=1: all)
-	$(PY) -m study.pipeline --profile full --out results$(if $(FORCE), --force)
+reproduce: $(STAMP) ## Regenerate results/ on full parameters; skips what this machine already ran unchanged (FORCE=1: all)
+	$(PY) -m study.report --profile full --out results$(if $(FORCE), --force)
 
 bench: $(STAMP) ## Run the benchmarks; prints ratios measured side by side in one run
 	$(PY) bench/run.py
@@ -54,7 +54,7 @@ bench: $(STAMP) ## Run the benchmarks; prints ratios measured side by side in on
 lab: $(STAMP) ## Open the notebooks in JupyterLab
 	$(VENV)/bin/jupyter lab notebooks/
 
-clean: ## Remove build outputs and caches (keeps .venv and results/)
+clean: ## Remove build outputs and caches, this machine's record of runs too (keeps .venv and results/)
 	rm -rf build .pytest_cache .hypothesis results/.staging
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 

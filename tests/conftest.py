@@ -32,7 +32,8 @@ def pytest_collection_modifyitems(session, config, items):
     out = Path(tempfile.mkdtemp(prefix="freezing-smoke-")) / "results"
     log = open(out.parent / "pipeline.log", "w+")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "study.pipeline", "--profile", "smoke", "--out", str(out), "--timeout", "600"],
+        [sys.executable, "-m", "study.report", "--profile", "smoke", "--out", str(out), "--timeout", "600",
+         "--records", str(out.parent / "records")],
         cwd=REPO, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True)
     _smoke.update(proc=proc, out=out, log=log)

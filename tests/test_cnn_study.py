@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from study import cnn_study
+from study import cnn
 from study.models import deep_mnist_cnn
 
 
@@ -24,14 +24,14 @@ from study.models import deep_mnist_cnn
 ])
 def test_bad_parameters_fail_before_training(bad, match):
     with pytest.raises(ValueError, match=match):
-        cnn_study.CnnStudyConfig(**bad)
+        cnn.CnnStudyConfig(**bad)
 
 
 def test_random_masks_are_reproducible_fresh_each_step_and_about_p():
     variables = deep_mnist_cnn().trainable_variables
-    a = cnn_study.random_masks(variables, tf.constant(3, tf.int64), 0.25, tf.constant(7, tf.int64))
-    b = cnn_study.random_masks(variables, tf.constant(3, tf.int64), 0.25, tf.constant(7, tf.int64))
-    c = cnn_study.random_masks(variables, tf.constant(4, tf.int64), 0.25, tf.constant(7, tf.int64))
+    a = cnn.random_masks(variables, tf.constant(3, tf.int64), 0.25, tf.constant(7, tf.int64))
+    b = cnn.random_masks(variables, tf.constant(3, tf.int64), 0.25, tf.constant(7, tf.int64))
+    c = cnn.random_masks(variables, tf.constant(4, tf.int64), 0.25, tf.constant(7, tf.int64))
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
     assert not np.array_equal(a[4], c[4])
     fc1 = a[4].numpy()
@@ -40,7 +40,7 @@ def test_random_masks_are_reproducible_fresh_each_step_and_about_p():
 
 def test_block_masks_train_one_layer_at_a_time():
     variables = deep_mnist_cnn().trainable_variables
-    schedule = cnn_study.block_masks(every=2)
+    schedule = cnn.block_masks(every=2)
     active = [[bool(m) for m in schedule(variables, tf.constant(s, tf.int64), 0.0, 0)] for s in range(10)]
     assert active[0] == [True, True, False, False, False, False, False, False]  # conv1 kernel and bias
     assert active[2] == [False, False, True, True, False, False, False, False]  # conv2
@@ -49,7 +49,7 @@ def test_block_masks_train_one_layer_at_a_time():
 
 
 def test_keras_trainable_traps_are_as_the_guide_reports():
-    traps = cnn_study.keras_trainable_traps().set_index("scenario")
+    traps = cnn.keras_trainable_traps().set_index("scenario")
     assert traps.iloc[0]["trained"] is True  # frozen without recompiling: still trains
     assert traps.iloc[1]["trained"] is False  # recompiled: frozen
     assert traps.iloc[2]["trained"] is False  # unfrozen without recompiling: silently does not train
@@ -67,12 +67,12 @@ def test_config_defaults_live_in_the_dataclass_and_the_notebook_declares_every_o
     declared = {t.id: ast.literal_eval(node.value) for node in ast.parse(cell.source).body
                 for t in node.targets}
     assert declared.pop("out_dir") == "../build/interactive/02_mnist_cnn_freezing"
-    assert list(declared) == cnn_study.CnnStudyConfig.parameter_names()
+    assert list(declared) == cnn.CnnStudyConfig.parameter_names()
     assert set(declared.values()) == {None}  # no default repeated in the notebook
-    config = cnn_study.CnnStudyConfig.from_parameters({**declared, "seeds": [4], "out_dir": "x", "other": 1})
-    assert config.seeds == [4] and config.batch == cnn_study.CnnStudyConfig().batch
+    config = cnn.CnnStudyConfig.from_parameters({**declared, "seeds": [4], "out_dir": "x", "other": 1})
+    assert config.seeds == [4] and config.batch == cnn.CnnStudyConfig().batch
     with pytest.raises(ValueError, match="batch: expected an integer >= 1"):
-        cnn_study.CnnStudyConfig.from_parameters({"batch": 0})
+        cnn.CnnStudyConfig.from_parameters({"batch": 0})
 
 
 def test_full_yaml_repeats_no_default():
@@ -81,7 +81,7 @@ def test_full_yaml_repeats_no_default():
     import yaml
 
     params = Path(__file__).resolve().parents[1] / "notebooks" / "params"
-    defaults = cnn_study.CnnStudyConfig().plain()
+    defaults = cnn.CnnStudyConfig().plain()
     for profile in ("full", "smoke"):
         given = yaml.safe_load((params / f"02_mnist_cnn_freezing.{profile}.yaml").read_text()) or {}
         repeated = {k: v for k, v in given.items() if defaults.get(k) == v}
@@ -108,7 +108,7 @@ def _steps_table(with_p: bool) -> "pd.DataFrame":
 @pytest.mark.parametrize("with_p", [True, False], ids=["masks", "blocks"])
 def test_summaries_keep_every_run_with_or_without_p(with_p):
     # The block study has no p. It once carried p = NaN, and pandas' groupby dropped every row of it.
-    summary = cnn_study.masked_summary(_steps_table(with_p))
+    summary = cnn.masked_summary(_steps_table(with_p))
     assert ("p" in summary.columns) == with_p
     assert not summary.isna().any().any()
     s = summary.set_index("method")
@@ -123,13 +123,13 @@ def test_block_study_records_drift_of_resting_blocks_and_reruns_bit_identically(
 
     from study.data import load_mnist
 
-    config = cnn_study.CnnStudyConfig(seeds=[0], batch=8, block_optimizers=["adam"], block_every=1, block_steps=3,
+    config = cnn.CnnStudyConfig(seeds=[0], batch=8, block_optimizers=["adam"], block_every=1, block_steps=3,
                                       mask_methods=["naive", "hold"], eval_every=3, eval_samples=20)
     data = load_mnist(seed=0, train_limit=200)
-    first = cnn_study.block_study(config, data, progress=False)
-    second = cnn_study.block_study(config, data, progress=False)
+    first = cnn.block_study(config, data, progress=False)
+    second = cnn.block_study(config, data, progress=False)
     assert "p" not in first.columns
-    summary = cnn_study.masked_summary(first).set_index("method")
+    summary = cnn.masked_summary(first).set_index("method")
     assert len(summary) == 2 and summary.filter(like="_mean").notna().all().all()
     assert summary.loc["naive", "frozen_changed_total_mean"] > 0  # conv1 rests in step 2 and moves on Adam's moments
     assert summary.loc["hold", "frozen_changed_total_mean"] == 0
@@ -140,21 +140,21 @@ def test_block_study_records_drift_of_resting_blocks_and_reruns_bit_identically(
 def test_naive_vs_exact_and_headline_cover_every_row():
     import pandas as pd
 
-    masks = cnn_study.masked_summary(_steps_table(True))
-    blocks = cnn_study.masked_summary(_steps_table(False))
-    trade = cnn_study.naive_vs_exact(masks)
-    assert list(trade.columns) == list(cnn_study.NAIVE_VS_EXACT_COLUMNS)
+    masks = cnn.masked_summary(_steps_table(True))
+    blocks = cnn.masked_summary(_steps_table(False))
+    trade = cnn.naive_vs_exact(masks)
+    assert list(trade.columns) == list(cnn.NAIVE_VS_EXACT_COLUMNS)
     assert trade.loc[0, "share of frozen entry-steps the naive mask moved"] == pytest.approx(10 / 30)
     assert trade.loc[0, "naive accuracy mean"] == pytest.approx(0.55)  # numbers in the CSV, text only for display
-    shown = cnn_study.naive_vs_exact_display(trade)
+    shown = cnn.naive_vs_exact_display(trade)
     assert shown.iloc[0]["naive accuracy (mean ± std)"] == "0.550 ± 0.071"  # the mean to the std's decimal place
     assert shown.iloc[0]["share of frozen entry-steps the naive mask moved"] == "33%"
     finetune = pd.DataFrame([{"optimizer": o, "method": m, "seed": s, "acc_new": 0.9, "acc_old": 0.0,
                               "conv_max_abs_delta": 0.0, "conv_changed_entries": 0, "step_time_ms": 1.0}
                              for o in ("sgd", "adam") for m in ("var_list", "gate") for s in (0, 1)])
-    traps = pd.DataFrame(columns=list(cnn_study.TRAP_COLUMNS))
-    config = cnn_study.CnnStudyConfig(seeds=[0, 1])
-    head = cnn_study.headline(config, cnn_study.finetune_summary(finetune), traps, masks, blocks, "synthetic")
+    traps = pd.DataFrame(columns=list(cnn.TRAP_COLUMNS))
+    config = cnn.CnnStudyConfig(seeds=[0, 1])
+    head = cnn.headline(config, cnn.finetune_summary(finetune), traps, masks, blocks, "synthetic")
     keys = " | ".join(head)
     for o in ("sgd", "adam"):
         for m in ("var_list", "gate"):
@@ -166,13 +166,13 @@ def test_naive_vs_exact_and_headline_cover_every_row():
                and "time" not in k)
 
 
-# -- the data dictionary: reporting.save_table(columns=...) and pipeline.write_columns -----------------------
+# -- the data dictionary: reporting.save_table(columns=...) and site.write_columns -----------------------
 def test_save_table_records_every_column_and_the_pipeline_writes_columns_md(tmp_path):
     import json
 
     import pandas as pd
 
-    from study import pipeline, reporting
+    from study.report import reporting, site
 
     study = tmp_path / "02_x"
     table = pd.DataFrame({"a": [1], "b|c": [2.0], "d": ["x"]})
@@ -187,7 +187,7 @@ def test_save_table_records_every_column_and_the_pipeline_writes_columns_md(tmp_
     with pytest.raises(ValueError, match="columns must map column names to descriptions"):
         reporting.save_table(table, study, "t3", columns={"a": 1})
     (tmp_path / "manifest.json").write_text(json.dumps({"02_x": {"title": "02 · X"}, "03_missing": {}}))
-    text = pipeline.write_columns(tmp_path).read_text()
+    text = site.write_columns(tmp_path).read_text()
     assert '<a id="02_x"></a>' in text and "## 02_x: 02 · X" in text
     assert "### [t1.csv](02_x/t1.csv)" in text and "| `d` | a letter |" in text
     assert "| `a` | (not described) |" in text  # t2
@@ -199,21 +199,21 @@ def test_save_table_records_every_column_and_the_pipeline_writes_columns_md(tmp_
 def test_report_tables_show_no_raw_none_false_or_scientific_counts():
     import pandas as pd
 
-    config = cnn_study.CnnStudyConfig(seeds=[0, 1])
-    values = cnn_study.config_table(config)["value"]
+    config = cnn.CnnStudyConfig(seeds=[0, 1])
+    values = cnn.config_table(config)["value"]
     assert values["data_path"] == "—" and values["train_limit"] == "—" and values["allow_download"] == "no"
-    work = cnn_study.workload(cnn_study.CnnStudyConfig())
+    work = cnn.workload(cnn.CnnStudyConfig())
     assert work.loc["total", "steps per run"] == "—" and "," in work.loc["total", "steps"]
     summary = pd.DataFrame({"method": ["naive"], "changed_mean": [7326424.5], "changed_std": [79581.0],
                             "delta_mean": [3.2e-5], "delta_std": [1.5e-5]})
-    shown = cnn_study.display_table(summary, {"changed": "changed", "delta": "max |ΔW|"}, ["method"],
+    shown = cnn.display_table(summary, {"changed": "changed", "delta": "max |ΔW|"}, ["method"],
                                     counts=["changed"])
     assert shown.loc["naive", "changed"] == "7,326,424 ± 79,581"
     assert shown.loc["naive", "max |ΔW|"] == "3.2e-5 ± 1.5e-5"  # no e-05
     steps = _steps_table(True).replace({"method": {"naive": "reset"}})
-    contrast = cnn_study.hold_vs_reset(cnn_study.masked_summary(steps))
-    assert list(contrast.columns) == list(cnn_study.HOLD_VS_RESET_COLUMNS)
-    shown = cnn_study.hold_vs_reset_display(contrast).iloc[0]
+    contrast = cnn.hold_vs_reset(cnn.masked_summary(steps))
+    assert list(contrast.columns) == list(cnn.HOLD_VS_RESET_COLUMNS)
+    shown = cnn.hold_vs_reset_display(contrast).iloc[0]
     assert shown["differs (|difference| > 2 × larger std)"] == "no" and shown["difference"] == "+0.000"
 
 
@@ -223,9 +223,9 @@ def test_one_step_audit_counts_what_could_and_did_move():
     keeps = [np.array([True, False, False, False, True, True])]  # entries 1-3 frozen in this step
     previous = [np.array([False, True, True, False, False, False])]  # 1 and 2 trained in the step before
     moment = [np.array([False, True, False, False, False, True])]  # only 1 had a non-zero gradient then
-    row = cnn_study.one_step_audit(before, after, keeps, previous, moment)
+    row = cnn.one_step_audit(before, after, keeps, previous, moment)
     assert row == {"frozen entries": 3, "of them trainable in the step before": 2,
                    "of them with m ≠ 0 before the step": 1, "frozen entries changed in the step": 1,
                    "max |ΔW| of a frozen entry": 1.0}
-    assert cnn_study.one_step_audit(before, before, keeps, None, [np.zeros(6, bool)])[
+    assert cnn.one_step_audit(before, before, keeps, None, [np.zeros(6, bool)])[
         "of them trainable in the step before"] == 0

@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 
 from freezing import select_variables, variable_path
-from study import gan_study
-from study.gan_study import Gan, GanStudyConfig, frozen_by_gates, gated_forward, unknown_variable_trap
+from study.gan import alternating, tables
+from study.gan.alternating import Gan, GanStudyConfig, frozen_by_gates, gated_forward, unknown_variable_trap
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -57,7 +57,7 @@ def test_unknown_variable_trap_and_its_fix():
 def test_config_defaults_live_in_the_dataclass():
     config = GanStudyConfig.from_parameters(iterations=None, seeds=[3], methods=None)
     assert config.iterations == GanStudyConfig().iterations and config.seeds == [3]
-    assert tuple(config.methods) == gan_study.METHODS
+    assert tuple(config.methods) == alternating.METHODS
     with pytest.raises(ValueError, match="iterations: expected an integer >= 1"):
         GanStudyConfig.from_parameters(iterations=0)
 
@@ -72,8 +72,8 @@ def _tiny_study(methods, optimizers=("adam",), seeds=(0,), processes=1):
     config = GanStudyConfig(methods=list(methods), optimizers=list(optimizers), iterations=3, batch=8,
                             seeds=list(seeds), quality_samples=20, log_every=1, classifier_steps=1,
                             processes=processes)
-    classifier, _ = gan_study.train_classifier(data, 1)
-    return config, gan_study.gan_study(config, data, classifier, progress=False)
+    classifier, _ = alternating.train_classifier(data, 1)
+    return config, alternating.gan_study(config, data, classifier, progress=False)
 
 
 def test_the_diagnostic_gates_draw_for_one_network_only_and_keep_the_rest_still():
@@ -83,9 +83,9 @@ def test_the_diagnostic_gates_draw_for_one_network_only_and_keep_the_rest_still(
     assert set(grids) == {(m, "adam") for m in config.methods} | {("random_gate_masked", "sgd")}
     audits = ["g_changed_entries_in_d_step", "d_changed_entries_in_g_step", "gated_changed_entries"]
     assert (runs[audits] == 0).all().all()  # all three are exact
-    summary = gan_study.gan_summary(runs)
+    summary = tables.gan_summary(runs)
     assert {"classes_seen_mean", "classes_seen_std", "single_class_runs", "time_per_iteration_ms_mean"} <= set(summary)
-    headline = gan_study.headline(summary, 0.5, "random", config.iterations)
+    headline = tables.headline(summary, 0.5, "random", config.iterations)
     for method in config.methods:
         assert any(k.startswith(f"{method}, adam:") and "classes seen" in k for k in headline)
     assert not any(k.startswith("gate_d_only, sgd") for k in headline)
@@ -103,14 +103,14 @@ def test_a_study_run_gives_the_same_bits_in_one_worker_process_or_two():
 
 
 class _Recorder:
-    """A stand-in for ``gan_study._Runner`` that records what ``run_one`` hands each iteration."""
+    """A stand-in for ``alternating._Runner`` that records what ``run_one`` hands each iteration."""
 
     def __init__(self, method):
         self.method, self.seen = method, []
 
     @staticmethod
     def _out():
-        return {**{k: 0 for k in gan_study.AUDIT_KEYS}, "d_loss": 0.0, "g_loss": 0.0, "d_iterations": 0,
+        return {**{k: 0 for k in alternating.AUDIT_KEYS}, "d_loss": 0.0, "g_loss": 0.0, "d_iterations": 0,
                 "g_iterations": 0}
 
     def iteration(self, real, z_d, z_g, do_d, do_g):
@@ -128,9 +128,9 @@ def test_every_method_sees_the_same_batches_latents_and_gate_draws():
     config = GanStudyConfig(iterations=6, batch=4, seeds=[0], log_every=1)
     images = np.arange(50, dtype=np.float32)[:, None] * np.ones((1, 3), np.float32)  # row i holds i: an index
     seen = {}
-    for method in gan_study.METHODS:
+    for method in alternating.METHODS:
         recorder = _Recorder(method)
-        gan_study.run_one(recorder, images, config, seed=7)
+        alternating.run_one(recorder, images, config, seed=7)
         seen[method] = recorder.seen
     reference = seen["two_optimizers"]
     assert len(reference) == config.iterations
@@ -139,7 +139,7 @@ def test_every_method_sees_the_same_batches_latents_and_gate_draws():
             for name, a, b in zip(("batch", "z_d", "z_g"), step[:3], ref[:3]):
                 assert np.array_equal(a, b), (method, it, name)
     assert len({tuple(step[0][:, 0]) for step in reference}) == config.iterations  # a fresh batch each iteration
-    gates = {m: np.array([np.concatenate(s[3:]) for s in seen[m]]) for m in gan_study.GATED}
+    gates = {m: np.array([np.concatenate(s[3:]) for s in seen[m]]) for m in alternating.GATED}
     assert np.array_equal(gates["random_gate"], gates["random_gate_masked"])
     assert 0 < gates["random_gate"].mean() < 1  # gates are drawn, some open, some closed
     assert np.array_equal(gates["gate_d_only"][:, :2], gates["random_gate"][:, :2]) and (gates["gate_d_only"][:, 2:] == 1).all()

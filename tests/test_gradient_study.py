@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 import tensorflow as tf
 
-from study import gradient_study, staleness
+from study.gradients import fetch, staleness
+from study.gradients.config import GradientStudyConfig
 from study.data import load_mnist
 
 
@@ -29,16 +30,16 @@ def data():
 ])
 def test_bad_parameters(bad, match):
     with pytest.raises(ValueError, match=match):
-        gradient_study.GradientStudyConfig(**bad)
+        GradientStudyConfig(**bad)
 
 
 def test_parameters_none_keeps_the_default():
-    config = gradient_study.GradientStudyConfig.from_parameters({"seeds": [3], "taus": None, "other": 1})
-    assert config.seeds == [3] and config.taus == gradient_study.GradientStudyConfig().taus
+    config = GradientStudyConfig.from_parameters({"seeds": [3], "taus": None, "other": 1})
+    assert config.seeds == [3] and config.taus == GradientStudyConfig().taus
 
 
 def test_quadratic_writes_tensorboard_scalars_and_is_exact(tmp_path):
-    trace = gradient_study.quadratic_with_tensorboard(tmp_path, steps=5)
+    trace = fetch.quadratic_with_tensorboard(tmp_path, steps=5)
     assert trace["error"].max() == 0.0
     assert trace["dy_dx"].iloc[0] == pytest.approx(-5.0)  # x0 - b = -2 - 3
     assert list(tmp_path.glob("events.out.tfevents.*"))

@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from study import pipeline
+from study.report import pipeline
 
 pytestmark = pytest.mark.notebook
 NOTEBOOKS = pipeline.notebooks(folder=Path(__file__).resolve().parents[1] / "notebooks")
@@ -52,7 +52,7 @@ def test_every_notebook_writes_report_figures_tables_and_manifest(smoke_results,
 def test_every_report_is_titled_offline_clean_and_described(smoke_results, notebook):
     from bs4 import BeautifulSoup
 
-    from study.html_report import PLACEHOLDER_ALT, external_urls, notebook_title
+    from study.report.html_report import PLACEHOLDER_ALT, external_urls, notebook_title
 
     page = (smoke_results / notebook.stem / f"{notebook.stem}.html").read_text()
     soup = BeautifulSoup(page, "html.parser")
@@ -99,7 +99,7 @@ def test_01_adam_drift_metrics(smoke_results):
 
 
 def _pipeline(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "study.pipeline", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "study.report", *args], capture_output=True, text=True,
                           timeout=300)
 
 
@@ -143,7 +143,7 @@ def test_02_mnist_cnn_freezing_metrics(smoke_results):
     assert all(0.0 <= v["accuracy_mean"] <= 1.0 for v in [*m["masks"].values(), *m["blocks"].values()])
     steps = {r["method"]: r["frozen entries changed in the step"] for r in m["one_masked_step"] if r["step"] == 2}
     assert steps["gate + Adam"] > 0 == steps["MaskedOptimizer(Adam)"]
-    # the numbers the prose quotes (study.prose fills the markdown from these keys)
+    # the numbers the prose quotes (study.report.prose fills the markdown from these keys)
     assert m["parameters"] == 3_274_634 and m["conv_entries"] == 52_096 and m["fc1_entries"] == 3_212_288
     assert m["one_step_gate"]["changed"] == steps["gate + Adam"] and 0.2 < m["one_step_gate"]["share"] < 0.8
     gate = m["one_step_gate"]  # only entries with a non-zero first moment can move; m is non-zero only where it trained
@@ -159,7 +159,7 @@ def test_02_mnist_cnn_freezing_metrics(smoke_results):
             optimizer, method, *p = row.split("/")
             assert (f"{section} {p[0]} " if p else f"{section} ") + f"{optimizer}/{method}:" in keys, row
     # the data dictionary describes every column of every table of 02
-    from study.reporting import NOT_DESCRIBED, table_columns
+    from study.report.reporting import NOT_DESCRIBED, table_columns
 
     tables = table_columns(smoke_results / "02_mnist_cnn_freezing")
     assert set(tables) == {p.name for p in (smoke_results / "02_mnist_cnn_freezing").glob("*.csv")}
@@ -247,3 +247,25 @@ def test_04_gradients_and_ps_metrics(smoke_results):
     f = m["faults"]
     assert f["returned_functions"] == f["scheduled_functions"] and f["applied_updates"] >= f["returned_updates"]
     assert (smoke_results / "04_gradients_and_ps" / "tensorboard").is_dir()
+
+
+@pytest.mark.slow
+def test_notebook_01_run_the_plain_jupyter_way_shows_its_findings_with_numbers(tmp_path):
+    """papermill alone, as a reader's "Run All" in Jupyter would run it: no pipeline, nothing done after the run.
+    Every finding shows its numbers where it stands, and no markdown cell or output shows template syntax."""
+    import papermill
+
+    from study.report import prose
+
+    notebook = NOTEBOOKS[0]
+    assert notebook.stem == "01_adam_drift"
+    params = {**pipeline.load_parameters(notebook, "smoke"), "out_dir": str(tmp_path / "out")}
+    papermill.execute_notebook(str(notebook), str(tmp_path / "run.ipynb"), parameters=params, kernel_name="python3",
+                               cwd=str(notebook.parent), progress_bar=False, execution_timeout=600)
+    nb = nbformat.read(tmp_path / "run.ipynb", as_version=4)
+    assert prose.unfilled(nb) == []
+    shown = [o["data"]["text/markdown"] for c in nb.cells if "finding" in c.metadata.get("tags", [])
+             for o in c.outputs if "text/markdown" in o.get("data", {})]
+    assert len(shown) == len(prose.finding_templates(nbformat.read(notebook, as_version=4))) >= 3
+    assert "**The seed reproduces exactly.** With the mask alone, `W` after step 2 is\n[0.0744, 0.1670, 0.1670, 0.0744]" \
+        in "\n".join(shown)

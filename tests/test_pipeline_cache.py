@@ -1,27 +1,30 @@
-"""The execution cache of ``study.pipeline``: the key follows imports, and a second run reuses what is current.
+"""Reuse in ``study.report.pipeline``: the key follows every input, and only this machine's record reuses a run.
 
-Key tests use the real notebooks and a fake package tree; the end-to-end test runs two tiny notebooks through
-``study.pipeline.main`` four times (first run, reuse, one notebook changed, ``--force``).
+Key tests use the real notebooks and a fake package tree; the end-to-end test runs two tiny notebooks, the second
+reading the first's results, through ``study.report.pipeline.main`` four times (first run, reuse with no file
+touched, the first notebook changed, ``--force``). ``git_state`` and ``reproduction`` run in a scratch repository.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from study import cache, pipeline
+from study.report import cache, pipeline, reproduction
+from study.report.records import Records
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_notebook_01_imports_what_it_uses_and_not_the_other_studies():
     names = set(cache.modules(REPO / "notebooks" / "01_adam_drift.ipynb"))
-    assert {"study.adam_drift", "freezing.masked_optimizer", "freezing", "study", "study.reporting"} <= names
+    assert {"study.drift.adam_drift", "freezing.masked_optimizer", "freezing", "study", "study.report.reporting"} <= names
     assert "freezing.slots" in names  # through lib/freezing/__init__.py
-    assert not names & {"study.gan_study", "study.cnn_study", "study.pipeline", "study.cache"}
+    assert not names & {"study.gan.alternating", "study.cnn", "study.report.pipeline", "study.report.cache"}
 
 
 def test_modules_started_as_subprocesses_by_name_are_followed():
@@ -71,11 +74,71 @@ def test_key_changes_with_an_imported_module_only(tmp_path):
     assert key() != first
 
 
-def _tiny(folder: Path, name: str, value: int) -> Path:
-    nb = new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+def test_data_enters_the_key_by_content_not_by_size_or_time(tmp_path):
+    data = tmp_path / "mnist.npz"
+    data.write_bytes(b"0123456789")
+    first = cache.data_identity({"data_path": str(data)})
+    stat = data.stat()
+    data.write_bytes(b"9876543210")  # same size, same mtime: only the content differs
+    import os
+
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert cache.data_identity({"data_path": str(data)}) != first
+
+
+def test_the_key_names_the_machine_and_the_installed_packages(tmp_path):
+    nb = _tree(tmp_path)
+
+    def key(host):
+        return cache.notebook_key(nb, {}, tmp_path / "requirements.txt", tmp_path, host=host)
+
+    here = cache.machine()
+    assert {"cpu", "cores", "onednn_in_build", "TF_ENABLE_ONEDNN_OPTS"} <= set(here)
+    assert key(here) == key(dict(here))
+    assert key({**here, "cpu": "another CPU"}) != key(here)
+    assert key({**here, "TF_ENABLE_ONEDNN_OPTS": "0"}) != key(here)
+    parts = cache.key_parts(nb, {}, tmp_path / "requirements.txt", tmp_path, host=here)
+    assert {"packages", "machine", "data", "requirements.txt"} <= set(parts)
+
+
+def test_changing_04_s_metrics_changes_05_s_key(tmp_path):
+    """Notebook 05's which-method table reads studies 01-04's metrics.json: they are part of its key."""
+    nb = REPO / "notebooks" / "05_recipes.ipynb"
+    assert "04_gradients_and_ps/metrics.json" in cache.reads(nb)
+    host = cache.machine()
+    (tmp_path / "04_gradients_and_ps").mkdir()
+    metrics = tmp_path / "04_gradients_and_ps" / "metrics.json"
+    metrics.write_text('{"fetch_costs": {"ratio": 3.8}}')
+
+    def key():
+        return cache.notebook_key(nb, {"seeds": [0]}, out=tmp_path, host=host)
+
+    first = key()
+    assert key() == first
+    metrics.write_text('{"fetch_costs": {"ratio": 4.24}}')
+    assert key() != first
+    metrics.unlink()
+    assert key() != first
+
+
+def test_a_malformed_reads_declaration_is_one_clear_error(tmp_path):
+    nb = new_notebook(metadata={"study": {"reads": ["../outside.json"]}})
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+    try:
+        cache.reads(path)
+    except ValueError as e:
+        assert "metadata.study.reads must be a list of paths inside the results folder" in str(e)
+    else:
+        raise AssertionError("a path outside the results folder was accepted")
+
+
+def _tiny(folder: Path, name: str, value: int, reads: tuple[str, ...] = ()) -> Path:
+    nb = new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                                **({"study": {"reads": list(reads)}} if reads else {})})
     nb.cells = [new_markdown_cell(f"# {name}"),
                 new_code_cell("out_dir = '.'\nvalue = 1", metadata={"tags": ["parameters"]}),
-                new_code_cell(f"from pathlib import Path\nfrom study import reporting\nversion = {value}\n"
+                new_code_cell(f"from pathlib import Path\nfrom study.report import reporting\nversion = {value}\n"
                               "reporting.save_metrics({'value': value, 'version': version, "
                               "'headline': {'value': value}}, Path(out_dir))")]
     path = folder / f"{name}.ipynb"
@@ -84,62 +147,119 @@ def _tiny(folder: Path, name: str, value: int) -> Path:
     return path
 
 
-def _snapshot(out: Path, name: str) -> dict[str, tuple[int, bytes]]:
-    return {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted((out / name).iterdir())}
+def _files(out: Path) -> dict[str, tuple[int, bytes]]:
+    """Every file under ``out``: (mtime in ns, bytes)."""
+    return {p.relative_to(out).as_posix(): (p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(out.rglob("*")) if p.is_file()}
 
 
-def test_a_second_run_reuses_and_a_change_reruns_only_that_notebook(tmp_path, capsys):
-    folder, out = tmp_path / "notebooks", tmp_path / "out"
+def test_a_second_run_touches_nothing_and_a_study_s_results_rerun_its_reader(tmp_path, capsys):
+    folder, out, records = tmp_path / "notebooks", tmp_path / "out", tmp_path / "records"
     (folder / "params").mkdir(parents=True)
     _tiny(folder, "01_one", 1)
-    two = _tiny(folder, "02_two", 1)
-    argv = ["--profile", "smoke", "--out", str(out), "--notebooks", str(folder)]
+    _tiny(folder, "02_reader", 1, reads=("01_one/metrics.json",))
+    argv = ["--profile", "smoke", "--out", str(out), "--notebooks", str(folder), "--records", str(records)]
 
-    def run(*extra: str) -> dict:
+    def run(*extra: str) -> tuple[dict, str]:
         assert pipeline.main(argv + list(extra)) == 0
-        return json.loads((out / "manifest.json").read_text())
+        return json.loads((out / "manifest.json").read_text()), capsys.readouterr().out
 
-    first = run()
-    assert {e["status"] for e in first.values()} == {"rerun"}
-    assert all(len(e["key"]) == 64 and e["machine"]["cores"] for e in first.values())
-    before = {n: _snapshot(out, n) for n in first}
-    capsys.readouterr()
+    first, printed = run()
+    assert printed.count("runs (no record of a run on this machine)") == 2
+    assert all(e["machine"]["cores"] and "status" not in e and "key" not in e for e in first.values())
+    assert list(records.iterdir()) and not list(out.glob("*/*.json.sha256"))  # the record lives outside out/
+    assert "nothing committed to compare with" in (out / "REPRODUCTION.md").read_text()  # out/ is not in git
+    before = _files(out)
 
-    second = run()
-    printed = capsys.readouterr().out
-    assert printed.count("reused (key ") == 2
-    assert {e["status"] for e in second.values()} == {"reused"}
-    for name, entry in second.items():
-        assert {k: v for k, v in entry.items() if k not in ("status", "checked_at", "checked_commit")} == \
-            {k: v for k, v in first[name].items() if k != "status"}
-        assert _snapshot(out, name) == before[name]
-    assert (out / "SUMMARY.md").is_file() and (out / "index.html").is_file() and (out / "COLUMNS.md").is_file()
+    second, printed = run()
+    assert printed.count("reused: this machine ran it with the same key") == 2
+    assert _files(out) == before  # no file rewritten, not even the manifest, SUMMARY.md or index.html
 
-    _tiny(folder, "02_two", 2)  # the notebook's bytes change
-    third = run()
-    assert third["01_one"]["status"] == "reused" and third["02_two"]["status"] == "rerun"
-    assert third["02_two"]["key"] != first["02_two"]["key"]
-    assert json.loads((out / "02_two" / "metrics.json").read_text())["version"] == 2
-    assert _snapshot(out, "01_one") == before["01_one"]
-    assert two.is_file()
+    _tiny(folder, "01_one", 2)  # 01's notebook changes, and so does the metrics.json that 02 reads
+    third, printed = run()
+    assert "01_one (smoke) runs (changed: notebook)" in printed
+    assert "02_reader (smoke) runs (changed: read:01_one/metrics.json)" in printed
+    assert json.loads((out / "01_one" / "metrics.json").read_text())["version"] == 2
+    assert third["02_reader"]["finished_at"] >= second["02_reader"]["finished_at"]
 
-    forced = run("--force")
-    assert {e["status"] for e in forced.values()} == {"rerun"}
-    assert forced["01_one"]["finished_at"] >= first["01_one"]["finished_at"]
-    assert _snapshot(out, "01_one") != before["01_one"]
+    fresh = Records(tmp_path / "elsewhere", out)  # a fresh clone, or this folder on another machine: no record
+    host = cache.machine()
+    for nb in sorted(folder.glob("*.ipynb")):
+        params = {**pipeline.load_parameters(nb, "smoke"), "profile": "smoke"}
+        key = cache.notebook_key(nb, params, out=out.resolve(), host=host)
+        assert Records(records, out).reusable(nb.stem, key) is not None
+        assert fresh.reusable(nb.stem, key) is None
+
+    before = _files(out)
+    forced, printed = run("--force")
+    assert printed.count("runs (--force)") == 2
+    assert _files(out)["01_one/metrics.json"][0] != before["01_one/metrics.json"][0]
 
 
-def test_a_missing_output_or_another_profile_is_not_reused(tmp_path):
-    folder, out = tmp_path / "notebooks", tmp_path / "out"
-    (folder / "params").mkdir(parents=True)
-    nb = _tiny(folder, "01_one", 1)
-    key = cache.notebook_key(nb, pipeline.load_parameters(nb, "smoke"))
+def test_a_changed_output_is_not_reused(tmp_path):
+    out = tmp_path / "out"
     (out / "01_one").mkdir(parents=True)
-    (out / "01_one" / "01_one.ipynb").write_text("{}")
     (out / "01_one" / "metrics.json").write_text("{}")
-    (out / "manifest.json").write_text(json.dumps({"01_one": {"key": key, "profile": "smoke"}}))
-    assert pipeline.cached_entry(out, nb, "smoke", key) is not None
-    assert pipeline.cached_entry(out, nb, "full", key) is None
-    assert pipeline.cached_entry(out, nb, "smoke", "0" * 64) is None
-    (out / "01_one" / "metrics.json").unlink()
-    assert pipeline.cached_entry(out, nb, "smoke", key) is None
+    records = Records(tmp_path / "records", out)
+    records.save("01_one", "k" * 64, {"notebook": "x"})
+    assert records.reusable("01_one", "k" * 64) is not None
+    assert records.reusable("01_one", "j" * 64) is None
+    assert "changed: notebook" in records.why_not("01_one", "j" * 64, {"notebook": "y"})
+    (out / "01_one" / "metrics.json").write_text('{"edited": 1}')
+    assert records.reusable("01_one", "k" * 64) is None
+    assert "not the ones it wrote" in records.why_not("01_one", "k" * 64, {"notebook": "x"})
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout
+
+
+def _repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    for path, text in {"lib/study/x.py": "x = 1\n", "notebooks/01_a.ipynb": "{}", "Makefile": "all:\n",
+                       "results/01_a/metrics.json": json.dumps({"acc": 0.5, "n": 3, "loss": 1.0, "step_ms": 10.0,
+                                                                "name": "a", "headline": {"acc": "0.5"}})}.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    return repo
+
+
+def test_dirty_covers_the_whole_repository_but_not_the_results_folder(tmp_path):
+    repo = _repo(tmp_path)
+    out, notebooks = repo / "results", repo / "notebooks"
+    clean = pipeline.git_state(out, notebooks)
+    assert clean == {"commit": _git(repo, "rev-parse", "HEAD").strip(), "dirty": False}
+    (out / "01_a" / "metrics.json").write_text("{}")  # the run itself writes here
+    assert pipeline.git_state(out, notebooks)["dirty"] is False
+    (repo / "lib" / "study" / "x.py").write_text("x = 2\n")  # a change under lib/, outside notebooks/
+    assert pipeline.git_state(out, notebooks)["dirty"] is True
+    _git(repo, "checkout", "-q", "--", "lib")
+    (repo / "lib" / "study" / "new.py").write_text("")  # an untracked module a notebook could import
+    assert pipeline.git_state(out, notebooks)["dirty"] is True
+
+
+def test_a_rerun_is_compared_with_the_committed_metrics(tmp_path):
+    repo = _repo(tmp_path)
+    run = tmp_path / "staging"
+    run.mkdir()
+    (run / "metrics.json").write_text(json.dumps({"acc": 0.5, "n": 3, "loss": 1.0004, "step_ms": 12.0, "name": "b",
+                                                  "headline": {"acc": "0.6"}}))
+    nb = new_notebook(cells=[new_code_cell("assert 1 == 1"), new_code_cell("x = 1"), new_code_cell("assert x")])
+    nbformat.write(nb, run / "01_a.ipynb")
+    rep = reproduction.against_committed(repo / "results", "01_a", run)
+    assert rep["compared_with"].startswith("HEAD ") and rep["compared_with"].endswith(":results/01_a/metrics.json")
+    assert (rep["values"], rep["identical"], rep["within"], rep["differ"]) == (4, 2, 1, 1)  # headline left out
+    assert rep["largest"] == [{"value": "name", "committed": "a", "rerun": "b", "relative": None}]
+    assert rep["timings"] == {"values": 1, "median_ratio": 1.2, "min_ratio": 1.2, "max_ratio": 1.2}
+    assert rep["assertion_cells"] == 2 and rep["assertions_passed"] is True
+    untracked = reproduction.against_committed(tmp_path / "elsewhere", "01_a", run)
+    assert untracked["compared_with"] is None and "nothing committed" in untracked["note"]
+    manifest = {"01_a": {"commit": "0123456789ab", "finished_at": "2026-01-01T00:00:00+00:00", "reproduction": rep}}
+    (repo / "results" / "manifest.json").write_text(json.dumps(manifest))
+    text = reproduction.write_report(repo / "results").read_text()
+    assert "| 01_a | 0123456789, 2026-01-01T00:00:00+00:00 |" in text
+    assert "| 4 | 2 | 1 | 1 | 2, all passed | median 1.20 (range 1.20–1.20, 1 timings) |" in text
+    assert '- `name`: "a" → "b"' in text

@@ -1,7 +1,7 @@
 """The pipeline's outputs a reader opens: HTML reports, index.html, SUMMARY.md; and safe interruption.
 
 Fast tests build small notebooks and results folders by hand. The ``notebook``-marked tests run notebook 01 on
-smoke parameters through ``python -m study.pipeline`` and interrupt it with SIGINT / SIGTERM.
+smoke parameters through ``python -m study.report`` and interrupt it with SIGINT / SIGTERM.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import pytest  # noqa: E402
 from bs4 import BeautifulSoup  # noqa: E402
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output  # noqa: E402
 
-from study import html_report, pipeline, reporting, site  # noqa: E402
+from study.report import execution, html_report, pipeline, reporting, site  # noqa: E402
 from test_reruns import differences, leaves, without_timings  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -219,7 +219,7 @@ def _fake_results(out: Path) -> Path:
 
 def test_index_lists_each_study_with_title_thumbnails_headline_and_report(tmp_path):
     out = _fake_results(tmp_path)
-    pipeline.write_summary(out)
+    site.write_summary(out)
     page = site.write_index(out).read_text()
     soup = BeautifulSoup(page, "html.parser")
     sections = soup.find_all("section", class_="study")
@@ -258,7 +258,7 @@ def test_index_works_from_disk_relative_links_only(tmp_path):
 
 def test_summary_keeps_headlines_and_links_the_index(tmp_path):
     out = _fake_results(tmp_path)
-    text = pipeline.write_summary(out).read_text()
+    text = site.write_summary(out).read_text()
     assert "[index.html](index.html)" in text
     assert "| max &#124;drift&#124; <adam> | 0.0942 ± 0.00063 |" in text
     assert "## 01_first: 01 · First study" in text
@@ -273,10 +273,12 @@ def test_manifest_summary_and_index_are_written_atomically(tmp_path, monkeypatch
         written.append(Path(path).name)
         return real(path, write)
 
-    monkeypatch.setattr(pipeline, "atomic_write", spy)
-    monkeypatch.setattr(site, "atomic_write", spy)
+    monkeypatch.setattr(reporting, "atomic_write", spy)
     pipeline.record_run(out, "01_first", json.loads((out / "manifest.json").read_text())["01_first"])
-    assert written == ["manifest.json", "SUMMARY.md", "index.html"]
+    assert written == ["manifest.json", "SUMMARY.md", "COLUMNS.md", "index.html"]
+    written.clear()
+    pipeline.record_run(out, "01_first", json.loads((out / "manifest.json").read_text())["01_first"])
+    assert written == []  # nothing changed, nothing written
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left behind
 
 
@@ -284,10 +286,10 @@ def test_manifest_summary_and_index_are_written_atomically(tmp_path, monkeypatch
 
 
 def test_a_signal_during_hold_waits_for_the_block_then_interrupts():
-    signals = pipeline._Signals()
+    signals = execution._Signals()
     previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     finished = []
-    with pytest.raises(pipeline.Interrupted) as info:
+    with pytest.raises(execution.Interrupted) as info:
         with signals.installed():
             with signals.hold():
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -310,7 +312,7 @@ def test_stop_children_stops_the_whole_tree_even_new_sessions():
             time.sleep(0.05)
         tree = [psutil.Process(child.pid), *psutil.Process(child.pid).children(recursive=True)]
         assert len(tree) == 2
-        stopped = pipeline.stop_children(grace_s=5)
+        stopped = execution.stop_children(grace_s=5)
         assert {p.pid for p in tree} <= set(stopped)
         child.wait(timeout=10)
         assert not [p for p in tree if _running(p)]
@@ -348,7 +350,8 @@ SMOKE_01 = ["--profile", "smoke", "--only", "01_adam_drift", "--timeout", "600"]
 
 def _pipeline_cmd(out: Path) -> list[str]:
     """01 on smoke parameters, forced: the copied results hold 01 under the same cache key, so it would be reused."""
-    return [sys.executable, "-m", "study.pipeline", *SMOKE_01, "--out", str(out), "--force"]
+    return [sys.executable, "-m", "study.report", *SMOKE_01, "--out", str(out), "--force",
+            "--records", str(out.parent / "records")]
 
 
 def _env() -> dict[str, str]:

@@ -1,14 +1,13 @@
-"""Numbers in the reports' prose come from the run (``study.prose``)."""
+"""Numbers in the reports' prose come from the run (``study.report.prose``)."""
 
 import doctest
-import json
 import re
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from study import prose
+from study.report import prose
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
@@ -21,47 +20,39 @@ def test_prose_doctests():
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_no_measured_number_is_typed_into_the_prose(notebook):
-    """Decimals, percentages and ratios in markdown must be placeholders (or code spans, for constants a
-    reader copies), so that a rerun can never leave a stale number in a sentence."""
+    """Decimals, percentages and ratios in markdown cells and findings must be placeholders (or code spans, for
+    constants a reader copies), so that a rerun can never leave a stale number in a sentence."""
     nb = nbformat.read(notebook, as_version=4)
-    typed = {i: prose.lint_prose(c.source) for i, c in enumerate(nb.cells) if c.cell_type == "markdown"}
-    typed = {i: found for i, found in typed.items() if found}
-    assert not typed, f"{notebook.name}: numbers typed into markdown cells (cell: numbers): {typed}"
+    texts = {i: c.source for i, c in enumerate(nb.cells) if c.cell_type == "markdown"}
+    texts.update(prose.finding_templates(nb))
+    typed = {i: found for i, text in texts.items() if (found := prose.lint_prose(text))}
+    assert not typed, f"{notebook.name}: numbers typed into the prose (cell: numbers): {typed}"
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
-def test_every_notebook_quotes_its_findings_from_the_run(notebook):
+def test_every_notebook_shows_its_findings_from_the_run_and_no_template_in_markdown(notebook):
     nb = nbformat.read(notebook, as_version=4)
-    assert sum(prose.is_template(c.source) for c in nb.cells if c.cell_type == "markdown") >= 3
+    findings = prose.finding_templates(nb)
+    assert len(findings) >= 3 and all(prose.is_template(t) for _, t in findings)
+    assert all("finding" in nb.cells[i].metadata.get("tags", []) for i, _ in findings)
+    assert not [c.source[:80] for c in nb.cells if c.cell_type == "markdown" and prose.is_template(c.source)]
+    assert "prose.show_findings(metrics)" in [c for c in nb.cells if c.cell_type == "code"][-1].source
 
 
-def _notebook(*markdown: str):
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_markdown_cell(m) for m in markdown] + [nbformat.v4.new_code_cell("x = 1")]
-    return nb
-
-
-def test_fill_notebook_fills_templates_keeps_them_and_can_fill_again():
-    nb = _notebook("# Title\n\nDrift {{ metrics.drift | sci }} over {{ metrics.steps }} steps.", "No numbers.")
-    assert prose.fill_notebook(nb, {"drift": 7.12e-7, "steps": 40}) == 1
-    assert nb.cells[0].source == "# Title\n\nDrift 7.1e-7 over 40 steps."
-    assert nb.cells[1].source == "No numbers." and "study" not in nb.cells[1].metadata
-    assert prose.fill_notebook(nb, {"drift": 2.5e-6, "steps": 10}) == 1  # from the kept template
-    assert nb.cells[0].source == "# Title\n\nDrift 2.5e-6 over 10 steps."
-
-
-def test_a_missing_key_names_the_cell_the_expression_and_the_keys():
-    nb = _notebook("## 4. Drift\n\nmoved {{ metrics.moved | num }} and {{ metrics.gone.deep | num }}")
+def test_a_missing_key_names_the_finding_the_expression_and_the_keys():
     with pytest.raises(prose.ProseError) as e:
-        prose.fill_notebook(nb, {"moved": 3, "other": 1})
+        prose.fill("**Drift**: moved {{ metrics.moved | num }} and {{ metrics.gone.deep | num }}", {"moved": 3, "other": 1},
+                   prose._label("**Drift**: moved"))
     message = str(e.value)
-    assert "markdown cell 0 (4. Drift)" in message
+    assert "finding “Drift”" in message
     assert "metrics.gone.deep" in message and "metrics has: moved, other" in message
 
 
 def test_a_template_that_does_not_parse_is_an_error():
     with pytest.raises(prose.ProseError, match="cannot parse"):
         prose.fill("{{ metrics.x | }}", {"x": 1})
+    with pytest.raises(prose.ProseError, match="cannot parse"):
+        prose.finding("**Broken** {{ metrics.x | }}")
 
 
 def test_a_non_number_given_to_a_number_filter_is_an_error():
@@ -69,14 +60,58 @@ def test_a_non_number_given_to_a_number_filter_is_an_error():
         prose.fill("{{ metrics.x | sci }}", {"x": "seven"})
 
 
-def test_fill_executed_writes_the_file_and_needs_the_metrics(tmp_path):
-    path = tmp_path / "nb.ipynb"
-    nbformat.write(_notebook("ratio {{ metrics.r | times }}"), path)
-    with pytest.raises(prose.ProseError, match="wrote no metrics.json"):
-        prose.fill_executed(path, tmp_path / "metrics.json")
-    (tmp_path / "metrics.json").write_text(json.dumps({"r": 3.8912}))
-    assert prose.fill_executed(path, tmp_path / "metrics.json") == 1
-    assert nbformat.read(path, as_version=4).cells[0].source == "ratio 3.89×"
+@pytest.mark.parametrize("template, value, expected", [
+    ("at least {{ metrics.v | floor('pct', 0) }}", 0.9191, "at least 91%"),  # 05: was "at least 92%"
+    ("at most {{ metrics.v | ceil('pct') }}", 0.0782, "at most 7.9%"),  # 05: was "at most 7.8%"
+    ("at least {{ metrics.v | floor('num', 2) }}", 9.667, "at least 9.6"),  # 03: was "at least 9.7"
+    ("up to {{ metrics.v | ceil('sci') }}", 1.12e-6, "up to 1.2e-6"),  # 01: was "up to 1.1e-6"
+    ("at most {{ metrics.v | ceil('times', 2) }}", 4.24, "at most 4.3×"),
+    ("at least {{ metrics.v | floor('fixed', 1) }}", -0.04, "at least -0.1"),
+    ("at most {{ metrics.v | ceil('pct', 0) }}", 0.92, "at most 92%"),  # a value that prints exactly stays
+    ("at most {{ metrics.v | ceil('num') }}", 12345678.0, "at most 1.24e7"),
+])
+def test_bounds_round_outward(template, value, expected):
+    assert prose.fill(template, {"v": value}) == expected
+
+
+def test_a_bound_in_an_unknown_style_is_an_error():
+    with pytest.raises(prose.ProseError, match="the style must be one of"):
+        prose.fill("{{ metrics.v | floor('percent') }}", {"v": 0.5})
+
+
+def test_findings_are_filled_in_where_they_stand_when_the_run_records_its_metrics(capsys):
+    """Outside a kernel the display falls back to text: first the pending line, then the filled-in finding."""
+    prose._SHOWN.clear()
+    prose._RECORDED.clear()
+    prose.finding("**Drift** {{ metrics.d | sci }}")
+    assert prose.PENDING in capsys.readouterr().out
+    with pytest.raises(prose.ProseError, match="finding “Drift”"):
+        prose.show_findings({"other": 1})  # nothing recorded for it: an error, and nothing filled in
+    assert prose.show_findings({"d": 7.12e-7}) == 1
+    assert "**Drift** 7.1e-7" in capsys.readouterr().out
+    prose.finding("late {{ metrics.d | sci(3) }}")  # after the run recorded its metrics: filled in at once
+    assert capsys.readouterr().out.strip() == "late 7.12e-7"
+    prose._RECORDED.clear()
+
+
+def test_a_notebook_run_the_plain_jupyter_way_shows_its_findings_filled_in(tmp_path):
+    """nbclient alone, no pipeline: the display updates land in the executed notebook, and ``unfilled`` sees one
+    finding that the last cell never filled in."""
+    import nbclient
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    nb = new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    nb.cells = [new_code_cell("from study.report import prose"),
+                new_code_cell('prose.finding(r"""**Drift** up to {{ metrics.d | ceil(\'sci\') }} in $W$.""")'),
+                new_code_cell("metrics = {'d': 1.12e-6}\nprose.show_findings(metrics);"),
+                new_code_cell('prose.finding("after the run: {{ metrics.d | sci }}")')]
+    nbclient.NotebookClient(nb, timeout=120, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    shown = [o["data"]["text/markdown"] for c in nb.cells for o in c.outputs if "text/markdown" in o.get("data", {})]
+    assert shown == ["**Drift** up to 1.2e-6 in $W$.", "after the run: 1.1e-6"]
+    assert prose.unfilled(nb) == []
+    nb.cells[1].outputs[0]["data"]["text/markdown"] = prose.PENDING
+    nb.cells.append(nbformat.v4.new_markdown_cell("raw {{ metrics.d }}"))
+    assert len(prose.unfilled(nb)) == 2
 
 
 def test_lint_ignores_code_formulas_links_and_whole_numbers():
@@ -88,9 +123,8 @@ def test_lint_ignores_code_formulas_links_and_whole_numbers():
 def test_the_smoke_reports_show_numbers_not_placeholders(smoke_results):
     for notebook in NOTEBOOKS:
         executed = nbformat.read(smoke_results / notebook.stem / f"{notebook.stem}.ipynb", as_version=4)
-        filled = [c for c in executed.cells if c.cell_type == "markdown" and "study" in c.metadata]
-        assert filled, notebook.stem
-        for cell in filled:
-            assert not prose.is_template(cell.source), (notebook.stem, cell.source[:200])
+        assert prose.unfilled(executed) == [], notebook.stem
+        shown = [o for c in executed.cells if "finding" in c.metadata.get("tags", []) for o in c.outputs]
+        assert len(shown) == len(prose.finding_templates(nbformat.read(notebook, as_version=4))), notebook.stem
         page = (smoke_results / notebook.stem / f"{notebook.stem}.html").read_text(encoding="utf-8")
-        assert not re.search(r"\{\{|\{%", page), notebook.stem
+        assert not re.search(r"\{\{|\{%", page) and prose.PENDING not in page, notebook.stem

@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 import yaml
 
-from study import pipeline, recipes
+from study import recipes
+from study.report import pipeline
 from study.training import LOSS, batch_indices
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,6 +154,30 @@ def test_method_table_reads_the_old_and_the_new_result_schemas(tmp_path):
     assert "not in results/" in " ".join(recipes.method_table({}, tmp_path / "none")["evidence"])
 
 
+def test_method_table_shows_pruning_under_every_optimizer_and_04_s_ratio_as_04_prints_it(tmp_path):
+    def method(ms, lo, hi, moved):
+        return {"step_time_ms": ms, "step_time_ms_min": lo, "step_time_ms_max": hi, "moved_min": moved,
+                "still_zero_min": 1.0 if moved == 0 else 0.07, "extra_state_bytes": 3211303}
+
+    pruning = {"headline_optimizer": "adam", "per_optimizer": {
+        "adam": {"exact": method(21.99, 21.5, 22.6, 0), "gradient_mask": method(22.45, 21.9, 23.0, 1473379),
+                 "constraint": method(21.93, 21.4, 22.5, 0)},
+        "adamw": {"exact": method(27.36, 26.1, 28.4, 0), "gradient_mask": method(24.52, 23.9, 25.2, 1473379),
+                  "constraint": method(24.78, 24.0, 25.5, 0)}}}
+    (tmp_path / "04_gradients_and_ps").mkdir()
+    (tmp_path / "04_gradients_and_ps" / "metrics.json").write_text(json.dumps(
+        {"fetch_costs": {"TF1 graph/g.eval() per variable": {"ratio": 4.2449}}}))
+    table = recipes.method_table({"pruning": pruning}, tmp_path).set_index("task")
+    row = table.loc["pruned weights stay zero while fine-tuning"]
+    assert "under Adam: 22.0 ms/CNN step exact vs 22.4 ms gradient mask, 21.9 ms constraint" in row["time per step"]
+    assert ("under AdamW: 27.4 ms/CNN step exact vs 24.5 ms gradient mask, 24.8 ms constraint (exact +12% over the "
+            "gradient mask; every exact-mask run slower than every gradient-mask run)") in row["time per step"]
+    assert "under AdamW a gradient mask moved 1,473,379 or more" in row["evidence"]
+    assert row["guarantee"] == "bit-exact: every pruned entry still zero in every run"
+    assert "costs 4.24× fetching them all" in table.loc["transform gradients between compute and apply (parameter "
+                                                          "server)", "time per step"]
+
+
 def test_subnetwork_study_reruns_bit_identically():
     from study.data import MnistSplits
 
@@ -190,7 +215,7 @@ def test_pruning_study_measures_moments_and_a_fresh_optimizer_keeps_pruned_zeros
 
 
 def test_pruning_figure_says_whether_the_methods_differ_by_more_than_the_seeds():
-    from study.recipe_plots import _noise_note
+    from study.recipes.plots import _noise_note
 
     rows = pd.DataFrame({"sparsity": [0.5] * 4, "method": ["a", "a", "b", "b"], "acc": [0.90, 0.92, 0.91, 0.93]})
     assert "noise" in _noise_note(rows, "acc")

@@ -1,24 +1,17 @@
 """Comparing two runs' metrics.json, timings aside: the helpers the rerun check uses, tested.
 
-Timings are the one thing allowed to differ. They live under keys whose names say so (see ``is_timing_key``);
-every other value, nested or not, must be equal after a JSON round trip, which for floats means bit for bit.
-The real rerun check is in ``test_pipeline_reports``: the rerun after an interrupted run of 01 must equal the
-test session's uninterrupted run, timings aside, bit for bit.
+Timings are the one thing allowed to differ. They live under keys whose names say so
+(``study.report.reproduction.is_timing``, which ``REPRODUCTION.md`` uses too); every other value, nested or not,
+must be equal after a JSON round trip, which for floats means bit for bit. The real rerun check is in
+``test_pipeline_reports``: the rerun after an interrupted run of 01 must equal the test session's uninterrupted
+run, timings aside, bit for bit.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-TIMING = re.compile(r"time|duration|finished_at|_m?s(?![a-z0-9])", re.IGNORECASE)
-"""A key names a timing when it contains "time", "duration" or "finished_at", or the unit suffix "_s" or "_ms"
-(at the end of the key or before a non-alphanumeric character: "duration_s", "step_ms)"; not "_std" or "_steps")."""
-
-
-def is_timing_key(key: str) -> bool:
-    """``is_timing_key("step_time_ms")`` and ``is_timing_key("duration_s")`` are True; ``"acc_std"`` is not."""
-    return bool(TIMING.search(str(key)))
+from study.report.reproduction import is_timing as is_timing_key
 
 
 def without_timings(value: Any) -> Any:

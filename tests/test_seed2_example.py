@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from study import adam_drift
+from study.drift import adam_drift
 
 STEP1 = [0.0, 0.1, 0.1, 0.0]
 STEP2_NAIVE = [0.0744, 0.1670, 0.1670, 0.0744]  # from the seed; checked on this machine (guide)

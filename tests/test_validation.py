@@ -3,7 +3,7 @@
 import pytest
 
 from study.optimizers import make_optimizer
-from study.adam_drift import AdamDriftConfig
+from study.drift.adam_drift import AdamDriftConfig
 from freezing.validation import check_choice, check_int_list, check_positive_int, check_range
 
 

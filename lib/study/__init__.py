@@ -1,12 +1,15 @@
-"""The freezing study: data, models, training loops, the five experiments, plots, reports and the pipeline.
+"""The freezing study: one subpackage per study, each with its own figures, on a small common core.
 
-This package is the harness around the library ``freezing``; it is what ``make reproduce`` runs, and it
-needs the ``study`` extra (``pip install -e .[study]``: pandas, matplotlib, papermill, mlxtend, ...).
-A Keras user who only wants to freeze parameters imports ``freezing`` and never this package.
+This package is the harness around the library ``freezing``; it is what ``make reproduce`` runs, and it is its
+own project (``lib/pyproject.toml``: pandas, matplotlib, papermill, mlxtend, ...). A Keras user who only wants
+to freeze parameters imports ``freezing`` and never this package.
 
-* ``data``, ``models``, ``training``  -- offline MNIST, the Deep MNIST CNN, the masked training loop.
-* ``adam_drift``, ``cnn_study``, ``gan_study``, ``gradient_study`` -- one module per notebook.
-* ``ps``                              -- an asynchronous parameter server (Downpour SGD), ``python -m study.ps``.
-* ``optimizers``                      -- the study's optimizer table, by name.
-* ``plots``, ``reporting``, ``pipeline`` -- figures, tables, metrics.json, papermill runs and reports.
+* the core: ``data`` (offline MNIST), ``models`` (the Deep MNIST CNN), ``training`` (loops, snapshots, timing),
+  ``optimizers`` (the study's optimizer table, by name), ``processes`` (independent runs in worker processes);
+* the studies, one per notebook: ``drift`` (01), ``cnn`` (02), ``gan`` (03), ``gradients`` (04, with the
+  parameter server ``ps`` beside it: ``python -m study.ps``) and ``recipes`` (05), each with a ``plots`` module;
+* ``report``: the pipeline (``python -m study.report``), its cache, the findings' prose, HTML reports and site.
+
+A study imports the core and ``report.prose``/``report.reporting``, never another study; nothing in the core or
+in ``report`` imports a study.
 """

@@ -42,4 +42,4 @@ from study.recipes.summary import (  # noqa: F401
     summarize, recipe_metrics, headline, state_kept_text, short_error, spread_caption,
 )
 from study.recipes.which_method import method_table  # noqa: F401
-from study.reporting import display_table  # noqa: F401
+from study.report.reporting import display_table  # noqa: F401

@@ -17,7 +17,6 @@ import tensorflow as tf
 import freezing
 from freezing.audit import changed_bits
 from freezing.determinism import enable_determinism
-from freezing.masked_optimizer import MaskedOptimizer
 from freezing.slots import slots
 from freezing.validation import check_choice, check_choices, check_int_list, check_positive_int, check_range
 from study.data import ACCEPTED_FORMS, MnistSplits
@@ -271,12 +270,6 @@ class StepAudit(StepTimer):
 
 
 # -- shared helpers --------------------------------------------------------------------------------
-def _inner(optimizer: Any) -> Any:
-    while isinstance(optimizer, MaskedOptimizer):
-        optimizer = optimizer.inner
-    return optimizer
-
-
 def _indices(n: int, batch: int, steps: int, seed: int) -> np.ndarray:
     return np.concatenate(list(batch_indices(n, batch, steps, seed)))
 

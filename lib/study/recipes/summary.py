@@ -8,8 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from study.prose import pct
-from study.reporting import format_count, format_mean_std
+from study.report.prose import pct
+from study.report.reporting import format_count, format_mean_std
 from study.recipes.setup import NEW_COLUMN_METHODS, SUBNET_METHODS, StudyResult
 
 
@@ -157,6 +157,7 @@ def _pruning_metrics(r2: StudyResult) -> dict[str, Any]:
             "momentum_changed_max": int(g["momentum_changed"].max()),
             "momentum_changed_share_min": float((g["momentum_changed"] / g["pruned"]).min()),
             "step_time_ms": float(g["step_time_ms"].mean()),
+            "step_time_ms_min": float(g["step_time_ms"].min()), "step_time_ms_max": float(g["step_time_ms"].max()),
             "extra_state_bytes": int(g["extra_state_bytes"].max()), "runs": int(len(g))}
     fresh = r2.extra.get("fresh_gradient_mask", pd.DataFrame())
     diagnosis = r2.diagnosis

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -18,11 +18,7 @@ import tensorflow as tf
 
 from freezing.validation import check_choice
 from study.data import MnistSplits
-
-if TYPE_CHECKING:
-    from study.gradient_study import GradientStudyConfig
-
-STALENESS_OPTIMIZERS = ("sgd", "adam", "adagrad")
+from study.gradients.config import STALENESS_OPTIMIZERS, GradientStudyConfig
 
 
 def _mlp_init(seed: int, hidden: int = 64) -> list[np.ndarray]:
@@ -149,7 +145,7 @@ def final_accuracy(curves: pd.DataFrame) -> pd.DataFrame:
 
 def staleness_table(curves: pd.DataFrame) -> pd.DataFrame:
     """Final test accuracy as 'mean ± std' over seeds; rows optimizer x learning rate, columns tau."""
-    from study.reporting import format_mean_std
+    from study.report.reporting import format_mean_std
 
     final = final_accuracy(curves)
     grouped = final.groupby(["optimizer", "learning_rate", "tau"])["accuracy"].agg(["mean", "std"]).reset_index()

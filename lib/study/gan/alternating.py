@@ -46,7 +46,6 @@ from freezing.gates import gate
 from freezing.masked_optimizer import MaskedOptimizer
 from study.models import deep_mnist_cnn
 from study.processes import map_in_processes
-from study.reporting import format_mean_std
 from freezing.selection import select_variables
 from study.training import LOSS, accuracy, median_ms, restore, snapshot
 from freezing.validation import check_choices, check_int_list, check_positive_int, check_range
@@ -509,8 +508,8 @@ def gan_study(config: GanStudyConfig, data: MnistSplits, classifier: keras.Model
         if progress:
             done = pd.DataFrame(runs).query("method == @method and optimizer == @optimizer")
             if i == 0:
-                print(f"gan: {len(jobs)} pairings in {_plural(min(config.processes, len(jobs)), 'process', 'es')}. "
-                      f"Per run, mean over {_plural(len(config.seeds), 'seed')}: changed entry-steps of frozen G in "
+                print(f"gan: {len(jobs)} pairings in {plural(min(config.processes, len(jobs)), 'process', 'es')}. "
+                      f"Per run, mean over {plural(len(config.seeds), 'seed')}: changed entry-steps of frozen G in "
                       f"D steps / D in G steps / gated-off part, summed over {config.iterations} iterations; classes "
                       "the judge sees (of 10); time per iteration", flush=True)
             print(f"gan: {optimizer:<4} {method:<18} {done['g_changed_entries_in_d_step'].mean():,.0f} / "
@@ -522,84 +521,6 @@ def gan_study(config: GanStudyConfig, data: MnistSplits, classifier: keras.Model
     return pd.DataFrame(runs), pd.DataFrame(logs), grids
 
 
-def _plural(n: int, word: str, suffix: str = "s") -> str:
-    """``_plural(3, "seed") == "3 seeds"``, ``_plural(1, "seed") == "1 seed"``."""
+def plural(n: int, word: str, suffix: str = "s") -> str:
+    """``plural(3, "seed") == "3 seeds"``, ``plural(1, "seed") == "1 seed"``."""
     return f"{n} {word}" if n == 1 else f"{n} {word}{suffix}"
-
-
-def network_sizes(config: GanStudyConfig | None = None) -> dict[str, int]:
-    """Entries (parameters) of G and D. ``network_sizes() == {"generator": 242832, "discriminator": 233985}``"""
-    config = config or GanStudyConfig()
-    gan = Gan()
-    return {name: int(sum(np.prod(v.shape) for v in select_variables(gan, scope=scope)))
-            for name, scope in (("generator", config.generator_scope), ("discriminator", config.discriminator_scope))}
-
-
-def drift_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """What should stay frozen, per method and optimizer, as the report shows it: counts with thousands separators,
-    max |ΔW| with two significant digits, 0 where not one bit changed. ``drift_table(gan_summary(runs))``"""
-    from study.prose import num
-
-    columns = {"g_changed_entries_in_d_step": "G in D steps: changed entry-steps",
-               "d_changed_entries_in_g_step": "D in G steps: changed entry-steps",
-               "gated_changed_entries": "gated-off part: changed entry-steps",
-               "g_max_abs_dW_in_d_step": "G in D steps: max |ΔW| (W units)",
-               "d_max_abs_dW_in_g_step": "D in G steps: max |ΔW| (W units)",
-               "gated_max_abs_dW": "gated-off part: max |ΔW| (W units)"}
-    out = summary[["method", "optimizer"]].copy()
-    for column, heading in columns.items():
-        out[heading] = [f"{v:,.0f}" if "changed" in column else num(float(v), 2) for v in summary[column]]
-    return out.set_index(["method", "optimizer"])
-
-
-def gan_summary(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per method x optimizer: audits (mean over seeds of per-run sums; max of maxima) and mean/std of quality.
-
-    ``single_class_runs`` counts the runs whose samples the judge puts all in one class (mode collapse).
-    ``gan_summary(runs)``
-    """
-    values = ["confidence", "coverage_entropy", "classes_seen", "time_per_iteration_ms", "final_d_loss", "final_g_loss"]
-    return runs.groupby(["method", "optimizer"], sort=False).agg(
-        **{k: (k, "max" if "max" in k else "mean") for k in AUDIT_KEYS},
-        **{f"{v}_{stat}": (v, stat) for v in values for stat in ("mean", "std")},
-        single_class_runs=("classes_seen", lambda c: int((c == 1).sum())),
-        seeds=("seed", "nunique"),
-    ).reset_index()
-
-
-def bias_correction_effect(logs: pd.DataFrame, beta_1: float = 0.5, beta_2: float = 0.999) -> pd.DataFrame:
-    """Adam's bias correction sqrt(1-b2^t)/(1-b1^t) at the G step, shared counter vs G's own, from logged counters."""
-    shared = logs[(logs["method"] == "shared_optimizer") & (logs["optimizer"] == "adam")]
-    own = logs[(logs["method"] == "two_optimizers") & (logs["optimizer"] == "adam")]
-    if not len(shared) or not len(own):
-        return pd.DataFrame()
-    merged = shared.merge(own, on=["seed", "iteration"], suffixes=("_shared", "_own"))
-
-    def correction(t: pd.Series) -> pd.Series:
-        return np.sqrt(1 - beta_2 ** t) / (1 - beta_1 ** t)
-
-    out = merged[["seed", "iteration", "g_iterations_shared", "g_iterations_own"]].copy()
-    out["correction_shared"] = correction(out["g_iterations_shared"])
-    out["correction_own"] = correction(out["g_iterations_own"])
-    out["ratio"] = out["correction_shared"] / out["correction_own"]
-    return out
-
-
-def headline(summary: pd.DataFrame, classifier_accuracy: float, source: str, iterations: int) -> dict[str, str]:
-    """Every method x optimizer row, as text for ``results/SUMMARY.md``. ``headline(s, 0.97, data.source, 600)``"""
-    seeds = _plural(int(summary["seeds"].max()), "seed")
-    out = {"data": source, "judge: the Deep MNIST CNN's test accuracy (fraction)": f"{classifier_accuracy:.3f}",
-           "how the rows below are summarised": f"changed entry-steps: per-run sums over {iterations} iterations, "
-                                                f"mean over {seeds}; the others: mean ± std over {seeds}"}
-    for r in summary.itertuples():
-        out[f"{r.method}, {r.optimizer}: changed entries of frozen G / D / gated part (count of entry-steps); classes "
-            f"seen (of 10); coverage entropy (0–1); judge confidence (0–1)"] = (
-            f"{r.g_changed_entries_in_d_step:,.0f} / {r.d_changed_entries_in_g_step:,.0f} / {r.gated_changed_entries:,.0f}; "
-            f"{format_mean_std(r.classes_seen_mean, r.classes_seen_std, 2)}; "
-            f"{format_mean_std(r.coverage_entropy_mean, r.coverage_entropy_std, 2)}; "
-            f"{format_mean_std(r.confidence_mean, r.confidence_std, 2)}")
-    for name in dict.fromkeys(summary["optimizer"]):
-        rows = summary[summary["optimizer"] == name]
-        out[f"time per iteration under {name} (ms): " + " / ".join(rows["method"])] = " / ".join(
-            format_mean_std(r.time_per_iteration_ms_mean, r.time_per_iteration_ms_std, 2) for r in rows.itertuples())
-    return out

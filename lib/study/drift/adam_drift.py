@@ -27,8 +27,8 @@ from freezing.masked_optimizer import MaskedOptimizer
 from freezing.determinism import enable_determinism
 from study.optimizers import OPTIMIZERS, make_optimizer
 from study.processes import map_in_processes
-from study.prose import num, pm, sci
-from study.reporting import format_count
+from study.report.prose import num, pm, sci
+from study.report.reporting import format_count
 from freezing.slots import SlotStash, reset_slots, restore_slots, slots, stash_slots
 from freezing.validation import check_choice, check_choices, check_int_list, check_positive_int, check_range
 

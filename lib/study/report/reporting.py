@@ -51,6 +51,18 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
     return path
 
 
+def write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically, unless the file holds exactly these bytes already: then it is
+    left alone, mtime and all, so a run that changes nothing changes no file. ``write_text("SUMMARY.md", md)``"""
+    path, data = Path(path), text.encode("utf-8")
+    try:
+        if path.read_bytes() == data:
+            return path
+    except OSError:
+        pass
+    return atomic_write(path, lambda p: Path(p).write_bytes(data))
+
+
 COLUMNS_FILE = "columns.json"
 """``out_dir/columns.json``: ``{"tables": [{"file": "x.csv", "columns": {"col": "meaning (unit)" or null}}]}``."""
 NOT_DESCRIBED = "(not described)"
@@ -219,8 +231,8 @@ def mean_std(table: pd.DataFrame, by: Sequence[str], values: Sequence[str]) -> p
 
 
 def format_mean_std(mean: float, std: float, digits: int = 3) -> str:
-    """``mean ± std`` for a table cell, in plain notation (``study.prose.pm``). ``format_mean_std(0.5, 0.01) == "0.5 ± 0.01"``"""
-    from study.prose import pm
+    """``mean ± std`` for a table cell, in plain notation (``study.report.prose.pm``). ``format_mean_std(0.5, 0.01) == "0.5 ± 0.01"``"""
+    from study.report.prose import pm
 
     return pm(mean, std, digits)  # plain notation, '1.5e-5' below 1e-4; a single seed (NaN std): the mean alone
 

@@ -16,21 +16,22 @@ model's dropout generator at that seed (``training.reseed``); batches come from 
 the data split from ``config.data_seed``. Within one run every method of a comparison sees the same
 initial weights, the same batches in the same order and the same dropout masks.
 
-The code lives in ``cnn_setup`` (parameters, run start), ``cnn_finetune`` (1), ``cnn_masks`` (2 and 3) and
-``cnn_tables`` (summaries, tables, headline); this module is the one face the notebook imports.
+The code lives in ``setup`` (parameters, run start), ``finetune`` (1), ``masks`` (2 and 3), ``tables``
+(summaries, tables, headline) and ``plots`` (the figures); this package re-exports the public names of the first
+four, so ``from study import cnn; cnn.mask_study(...)`` is the face notebook 02 uses, with ``study.cnn.plots``.
 """
 
-from study.cnn_setup import (  # noqa: F401
+from study.cnn.setup import (  # noqa: F401
     FINETUNE_METHODS, EXACT_FINETUNE_METHODS, MASK_METHODS, BLOCKS, DEFAULT_LEARNING_RATES, CnnStudyConfig,
-    ONE_STEP_COLUMNS,
+    ONE_STEP_COLUMNS, one_step_audit,
 )
-from study.cnn_finetune import FINETUNE_RUN_COLUMNS, finetune_study, TRAP_COLUMNS, keras_trainable_traps  # noqa: F401
-from study.cnn_masks import (  # noqa: F401
+from study.cnn.finetune import FINETUNE_RUN_COLUMNS, finetune_study, TRAP_COLUMNS, keras_trainable_traps  # noqa: F401
+from study.cnn.masks import (  # noqa: F401
     STEP_COLUMNS, _masked_step, random_masks, block_masks, run_keys, mask_study, block_study,
 )
-from study.cnn_tables import (  # noqa: F401
+from study.cnn.tables import (  # noqa: F401
     FINETUNE_SUMMARY_COLUMNS, finetune_summary, MASKED_SUMMARY_COLUMNS, masked_runs, masked_summary, formatted,
     config_table, workload, HOLD_VS_RESET_COLUMNS, hold_vs_reset, hold_vs_reset_display, NAIVE_VS_EXACT_COLUMNS,
-    naive_vs_exact, naive_vs_exact_display, display_table, one_step_audit, headline,
+    naive_vs_exact, naive_vs_exact_display, headline,
 )
-from study.reporting import format_count  # noqa: F401
+from study.report.reporting import display_table, format_count  # noqa: F401

@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from study.prose import pm
-from study.reporting import format_count, format_mean_std
-from study.cnn_finetune import FINETUNE_RUN_COLUMNS
-from study.cnn_masks import STEP_COLUMNS, run_keys
-from study.cnn_setup import CnnStudyConfig, one_step_audit  # noqa: F401
+from study.report.prose import pm
+from study.report.reporting import format_count, format_mean_std
+from study.cnn.finetune import FINETUNE_RUN_COLUMNS
+from study.cnn.masks import STEP_COLUMNS, run_keys
+from study.cnn.setup import CnnStudyConfig  # noqa: F401
 
 
 # -- summaries ----------------------------------------------------------------------------------------
@@ -222,19 +222,6 @@ def naive_vs_exact_display(trade: pd.DataFrame) -> pd.DataFrame:
     for method in ("naive", "hold"):
         out[f"{method} median step time (ms)"] = [f"{v:.1f}" for v in trade[f"{method} median step time (ms)"]]
     return out.set_index([k for k in ("optimizer", "p") if k in trade.columns])
-
-
-def display_table(summary: pd.DataFrame, values: Mapping[str, str], index: Sequence[str],
-                  counts: Sequence[str] = ()) -> pd.DataFrame:
-    """A per-group summary with ``<value>_mean``/``_std`` columns as the report shows it. ``values`` maps a value to
-    its heading; those in ``counts`` are whole numbers, shown with thousands separators, the rest in plain notation
-    (``prose.pm``: ``0.91 ± 0.012``, ``3.2e-5 ± 1.5e-5``). ``display_table(s, {"acc_new": "accuracy"}, ["method"])``
-    """
-    out = summary[list(index)].copy()
-    for value, heading in values.items():
-        pairs = zip(summary[f"{value}_mean"], summary[f"{value}_std"])
-        out[heading] = [format_count(m, s) if value in counts else pm(m, s) for m, s in pairs]
-    return out.set_index(list(index))
 
 
 def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame, masks: pd.DataFrame,

@@ -1,17 +1,26 @@
-"""The pipeline's execution cache: a key per notebook, computed before running, and a probe of the machine.
+"""The key of a notebook run, computed before running it: a notebook is reused only while its key is unchanged.
 
-A notebook is rerun only when its key differs from the one its last run recorded in ``manifest.json``. The key
-is a SHA-256 over: the notebook file's bytes, its resolved parameters, the lock file ``requirements.txt``, the
-source bytes of every ``freezing`` / ``study`` module it imports (found statically with ``ast``, transitively,
-including package ``__init__.py`` files and modules named as ``"study.<module>"`` strings, which is how child
-processes are started: ``python -m study.ps``), and the identity (size, mtime) of the data files the
-loader would read. ``notebook_key(Path("notebooks/01_adam_drift.ipynb"), params)``
+The key is a SHA-256 over (``key_parts``):
+
+* the notebook file's bytes and its resolved parameters;
+* the lock file ``requirements.txt`` and the versions actually installed (``packages``);
+* the source bytes of every ``freezing`` / ``study`` module it imports (found statically with ``ast``,
+  transitively, including package ``__init__.py`` files and modules named as ``"study.<module>"`` strings, which
+  is how child processes are started: ``python -m study.ps``);
+* the content (SHA-256) of the data files the loader would read;
+* the content of every file of the results folder the notebook declares it reads (``reads``: notebook 05 reads
+  studies 01-04's ``metrics.json`` for its which-method table);
+* the machine (``machine``: CPU model, cores, oneDNN in the build and ``TF_ENABLE_ONEDNN_OPTS``, thread settings).
+
+Where the last key of each notebook is kept, and what else reuse requires, is ``study.report.records``.
+``notebook_key(Path("notebooks/01_adam_drift.ipynb"), params)``
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -21,7 +30,11 @@ from typing import Any
 
 PACKAGES = ("freezing", "study")
 """Top-level packages whose sources enter the key."""
-LIB = Path(__file__).resolve().parents[1]
+DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "keras", "numpy", "pandas", "matplotlib", "mlxtend", "papermill")
+"""Installed distributions whose versions enter the key and the manifest."""
+READS_KEY = "reads"
+"""``notebook.metadata["study"]["reads"]``: files of the results folder a notebook reads (paths relative to it)."""
+LIB = Path(__file__).resolve().parents[2]
 """The folder holding ``freezing/`` and ``study/`` (``lib/``)."""
 _MODULE_STRING = re.compile(r"^(?:freezing|study)(?:\.[A-Za-z_]\w*)+")
 
@@ -89,7 +102,7 @@ def notebook_source(notebook: Path) -> str:
 def modules(notebook: Path, root: Path = LIB) -> dict[str, Path]:
     """Every ``freezing``/``study`` module the notebook imports, transitively: name -> source file, sorted.
 
-    ``"study.adam_drift" in modules(Path("notebooks/01_adam_drift.ipynb"))``
+    ``"study.drift.adam_drift" in modules(Path("notebooks/01_adam_drift.ipynb"))``
     """
     try:
         todo = set(imported_names(notebook_source(notebook)))
@@ -111,8 +124,10 @@ def modules(notebook: Path, root: Path = LIB) -> dict[str, Path]:
 
 
 def data_identity(parameters: dict[str, Any]) -> dict[str, Any]:
-    """Size and mtime of the data files the loader could read: ``data_path`` if set, else the Keras MNIST cache."""
+    """The SHA-256 of every data file the loader could read: ``data_path`` if set (a file, or each file of a
+    folder), and the Keras MNIST cache; a missing path is recorded as missing."""
     from study.data import keras_cache_path
+    from study.report.records import file_digest
 
     paths = {}
     for key in ("data_path", "data", "mnist_path"):
@@ -122,34 +137,74 @@ def data_identity(parameters: dict[str, Any]) -> dict[str, Any]:
     paths["keras_mnist"] = keras_cache_path()
     identity: dict[str, Any] = {}
     for key, path in paths.items():
-        try:
-            st = path.stat()
-            identity[key] = {"path": str(path), "size": st.st_size, "mtime": int(st.st_mtime)}
-        except OSError:
-            identity[key] = {"path": str(path), "missing": True}
+        if path.is_dir():
+            identity[key] = {"path": str(path), "files": {p.relative_to(path).as_posix(): file_digest(p)
+                                                          for p in sorted(path.rglob("*")) if p.is_file()}}
+        else:
+            identity[key] = {"path": str(path), "sha256": file_digest(path) if path.is_file() else "missing"}
     return identity
 
 
-def key_parts(notebook: Path, parameters: dict[str, Any], lock: Path | None = None,
-              root: Path = LIB) -> dict[str, str]:
-    """What the key covers, each part as a SHA-256 hex digest (``module:<name>`` per imported module)."""
+def reads(notebook: Path) -> list[str]:
+    """The files of the results folder ``notebook`` declares it reads (``metadata.study.reads``), e.g.
+    ``["01_adam_drift/metrics.json"]``; a malformed declaration is an error naming the notebook."""
+    meta = json.loads(Path(notebook).read_text(encoding="utf-8")).get("metadata", {})
+    declared = (meta.get("study") or {}).get(READS_KEY, [])
+    if not isinstance(declared, list) or not all(isinstance(p, str) and p and not Path(p).is_absolute()
+                                                 and ".." not in Path(p).parts for p in declared):
+        raise ValueError(f"{Path(notebook).name}: metadata.study.{READS_KEY} must be a list of paths inside the "
+                         f"results folder, like [\"01_adam_drift/metrics.json\"]; got {declared!r}")
+    return declared
+
+
+def packages() -> dict[str, str]:
+    """Python's version and the installed versions of ``DISTRIBUTIONS`` (those not installed are left out)."""
+    versions = {"python": platform.python_version()}
+    for name in DISTRIBUTIONS:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def key_parts(notebook: Path, parameters: dict[str, Any], lock: Path | None = None, root: Path = LIB,
+              out: Path | None = None, host: dict[str, Any] | None = None) -> dict[str, str]:
+    """What the key covers, each part as a SHA-256 hex digest: ``notebook``, ``parameters``, ``requirements.txt``,
+    ``packages``, ``machine``, ``data``, ``module:<name>`` per imported module and ``read:<path>`` per file of
+    ``out`` the notebook reads. ``host`` is ``machine()`` (pass it to probe the machine once per run)."""
+    from study.report.records import file_digest
+
     lock = lock if lock is not None else root.parent / "requirements.txt"
 
     def digest(data: bytes) -> str:
         return hashlib.sha256(data).hexdigest()
 
+    def plain(value: Any) -> bytes:
+        return json.dumps(value, sort_keys=True, default=str).encode()
+
     parts = {"notebook": digest(Path(notebook).read_bytes()),
-             "parameters": digest(json.dumps(parameters, sort_keys=True, default=str).encode()),
+             "parameters": digest(plain(parameters)),
              "requirements.txt": digest(lock.read_bytes()) if lock.is_file() else "missing",
-             "data": digest(json.dumps(data_identity(parameters), sort_keys=True).encode())}
+             "packages": digest(plain(packages())),
+             "machine": digest(plain(host if host is not None else machine())),
+             "data": digest(plain(data_identity(parameters)))}
     for name, path in modules(notebook, root).items():
         parts[f"module:{name}"] = digest(path.read_bytes())
+    for path in reads(notebook):
+        target = Path(out) / path if out is not None else None
+        parts[f"read:{path}"] = file_digest(target) if target is not None and target.is_file() else "missing"
     return parts
 
 
-def notebook_key(notebook: Path, parameters: dict[str, Any], lock: Path | None = None, root: Path = LIB) -> str:
+def notebook_key(notebook: Path, parameters: dict[str, Any], lock: Path | None = None, root: Path = LIB,
+                 out: Path | None = None, host: dict[str, Any] | None = None) -> str:
     """The cache key of one notebook run (hex SHA-256 over ``key_parts``)."""
-    parts = key_parts(notebook, parameters, lock, root)
+    return key_of(key_parts(notebook, parameters, lock, root, out, host))
+
+
+def key_of(parts: dict[str, str]) -> str:
+    """The key from its parts (hex SHA-256 of their sorted JSON)."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 

@@ -1,6 +1,6 @@
-"""The numbers study 04's findings quote, read off the run's tables (``metrics["quoted"]``).
+"""The numbers study 04's findings quote, read off the run's tables (``metrics["quoted"]``), and its headline.
 
-Notebook 04's markdown cells are templates (``study.prose``) that quote ``{{ metrics.quoted.<name> }}``. Each
+Notebook 04's markdown cells are templates (``study.report.prose``) that quote ``{{ metrics.quoted.<name> }}``. Each
 value is taken from a table the run produced; a value the run's settings did not measure (the smoke profile
 runs one worker count, no ``n_push`` sweep and two delays) is NaN, so the same templates fill on every profile.
 """
@@ -156,3 +156,26 @@ def quoted(costs: pd.DataFrame, ps_runs: pd.DataFrame, placement: pd.DataFrame, 
     out.update(n_push_numbers(sweep, out["model_mb"]))
     out.update(staleness_numbers(check, difference, tuned, grids))
     return {k: (NAN if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
+
+
+def headline(metrics: dict[str, Any]) -> dict[str, str]:
+    """The numbers ``results/SUMMARY.md`` shows for this study. ``headline(metrics)``"""
+    out = {f"{k}: time / one pass in the same mode (ratio)": f"{v['ratio']:.2f}"
+           for k, v in metrics["fetch_costs"].items() if v["ratio"] != 1.0 or "one" not in k.split("/")[1]}
+    error = metrics["exact_update_max_error"]
+    out["max |x_after - (x_before - lr*T(g))| on the CNN"] = "0 (exact)" if error == 0 else f"{error:.1e}"
+    for w, r in metrics["ps"].items():
+        out[f"Downpour CNN, {w} worker{'s' * (int(w) > 1)}: steps/s (mean ± std over timed windows) / final test "
+            f"accuracy / mean staleness (updates)"] = \
+            f"{r['steps_per_s']:.1f} ± {r['steps_per_s_std']:.1f} / {r['final_accuracy']:.3f} / {r['staleness_mean']:.2f}"
+    q = metrics.get("quoted", {})
+    for tau in (1, 2, 4, 8):
+        value = q.get(f"difference_{tau}")
+        if isinstance(value, float) and value == value:  # not NaN: this delay was measured
+            out[f"staleness tau = {tau}, each optimizer at its best undelayed learning rate: Adam's accuracy lost "
+                f"minus SGD's, paired by seed (mean ± se; negative: Adam loses less)"] = \
+                f"{value:+.3f} ± {q[f'difference_se_{tau}']:.3f}"
+    f = metrics["fault_accounting"]
+    out["faults: updates in the last checkpoint restored / lost with the ps / applied after the last restart"] = \
+        f"{f['restored_version']} / {f['lost_with_ps']} / {f['applied_after_restart']}"
+    return out

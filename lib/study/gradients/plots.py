@@ -6,7 +6,7 @@ apart, and shared axes where panels are compared. Captions are given to ``report
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -201,17 +201,5 @@ def fault_timeline(result: Mapping[str, Any]) -> plt.Figure:
     ax.set(xlabel="updates on the ps [count]", xlim=(0, 1.04 * max(ends)))
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=2, frameon=False)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    return fig
-
-
-def throughput_bars(table: pd.DataFrame, labels: Sequence[str]) -> plt.Figure:
-    """Steps per second (mean ± std over timed windows) per run, with each worker's share of a core."""
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    ax.bar(range(len(table)), table["steps_per_s"], yerr=table["steps_per_s_std"], capsize=4,
-           color=[f"C{i}" for i in range(len(table))])
-    ax.set_xticks(range(len(table)), labels)
-    ax.set(ylabel="worker steps per second [1/s]")
-    ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     return fig

@@ -20,7 +20,7 @@ from study.data import MnistSplits
 from study.models import deep_mnist_cnn
 from study.optimizers import make_optimizer
 from study.training import LOSS, StepTimer, accuracy, batch_indices, forward, median_ms, restore, snapshot
-from study.cnn_setup import CnnStudyConfig, _batches, _init_weights, _start_run
+from study.cnn.setup import CnnStudyConfig, _batches, _init_weights, _start_run
 
 
 # -- 1. fine-tuning with frozen feature layers -----------------------------------------------------

@@ -1,4 +1,4 @@
-"""Figures of study 02 (``cnn_study``): one function per figure, each returning a matplotlib Figure.
+"""Figures of study 02 (``study.cnn``): one function per figure, each returning a matplotlib Figure.
 
 The notebook calls these and ``reporting.save_figure`` writes them with a caption. Drift has one definition
 here as everywhere in the study: *changed entries* (bit for bit) and *max |ΔW|*.

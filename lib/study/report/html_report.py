@@ -25,7 +25,7 @@ What the reader gets, and why:
   the output (``metadata["image/png"]["alt"]``), else "Figure N, section ...", never nbconvert's placeholder. A
   recorded caption is also shown as text under its figure.
 
-``render_report(executed_ipynb, html_path)``; ``python -m study.html_report NB.ipynb OUT.html`` re-renders one.
+``render_report(executed_ipynb, html_path)``; ``python -m study.report.html_report NB.ipynb OUT.html`` re-renders one.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ _REPR_PATTERNS = [
 ]
 
 _TEMPLATE = r"""{%- extends 'index.html.j2' -%}
-{# study_report: nbconvert's lab template, with every network fetch removed (see study.html_report). #}
+{# study_report: nbconvert's lab template, with every network fetch removed (see study.report.html_report). #}
 {%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}
 {%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
@@ -287,17 +287,17 @@ def render_report(executed: str | Path, html_path: str | Path | None = None,
     body, _ = ReportExporter().from_notebook_node(nb, resources={"metadata": {"name": report.title}})
     report.external = external_urls(body)
     if html_path is not None:
-        from study.reporting import atomic_write
+        from study.report.reporting import atomic_write
 
         atomic_write(html_path, lambda p: Path(p).write_text(body, encoding="utf-8"))
     return body, report
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m study.html_report results/01_adam_drift/01_adam_drift.ipynb out.html``"""
+    """``python -m study.report.html_report results/01_adam_drift/01_adam_drift.ipynb out.html``"""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m study.html_report EXECUTED.ipynb OUT.html", file=sys.stderr)
+        print("usage: python -m study.report.html_report EXECUTED.ipynb OUT.html", file=sys.stderr)
         return 2
     _, report = render_report(args[0], args[1])
     print(f"{args[1]}: “{report.title}”; dropped {report.stderr_dropped} stderr and {report.reprs_dropped} repr "

@@ -1,0 +1,11 @@
+"""Study 04: gradients across a boundary, an asynchronous parameter server, and staleness (notebook ``04_gradients_and_ps``).
+
+* ``config``: ``GradientStudyConfig``, every parameter of the notebook;
+* ``fetch``: all gradients in one pass against one per variable, and compute -> transform -> apply, exactly;
+* ``ps_tables``: the parameter-server runs (``study.ps``, beside this package) and the fault run as tables;
+* ``staleness``: every gradient applied ``tau`` updates late, in one process;
+* ``findings``: the numbers the notebook's findings quote, and its headline;
+* ``plots``: the figures.
+
+Modules import ``config`` and never each other in a circle.
+"""
