@@ -31,6 +31,8 @@ OPTIMIZERS: dict[str, Factory] = {
     "lion": lambda lr: keras.optimizers.Lion(lr),
     "lamb": lambda lr: keras.optimizers.Lamb(lr),
     "sgd_wd": lambda lr: keras.optimizers.SGD(lr, weight_decay=0.05),
+    "muon": lambda lr: keras.optimizers.Muon(lr),
+    "schedule_free_adamw": lambda lr: keras.optimizers.ScheduleFreeAdamW(lr),
 }
 """Name -> factory. Weight-decay variants use a large decay (0.05) so that its drift is visible."""
 

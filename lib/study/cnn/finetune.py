@@ -61,7 +61,7 @@ def _finetune_step(model: keras.Model, opt: keras.optimizers.Optimizer, method: 
         else:
             grads = tape.gradient(loss, variables)
             if masked is not None:
-                masked.apply_gradients(zip(grads, variables), masks=masks)
+                masked.apply_gradients(zip(grads, variables), trainable_masks=masks)
             else:
                 opt.apply_gradients(zip(grads, variables))
         return loss

@@ -50,7 +50,7 @@ def _masked_step(model: keras.Model, opt: MaskedOptimizer, masks_for: Callable) 
             loss = LOSS(y, model(x, training=True))
         grads = tape.gradient(loss, variables)
         before = [tf.identity(v) for v in variables]
-        opt.apply_gradients(zip(grads, variables), masks=keeps)
+        opt.apply_gradients(zip(grads, variables), trainable_masks=keeps)
         frozen = [tf.broadcast_to(~k, tf.shape(v)) for k, v in zip(keeps, variables)]
         changed, max_abs, _ = zip(*[frozen_change(b, tf.convert_to_tensor(v), f)
                                     for b, v, f in zip(before, variables, frozen)])

@@ -128,7 +128,7 @@ def _batches(x: np.ndarray, y: np.ndarray, batch: int, steps: int, seed: int) ->
 
 ONE_STEP_COLUMNS = {
     "method": "gate + Adam: the seed's stop-gradient mask (freezing.gate) with plain Adam; "
-              "MaskedOptimizer(Adam): the same mask given to MaskedOptimizer.apply_gradients(masks=...)",
+              "MaskedOptimizer(Adam): the same mask given to MaskedOptimizer.apply_gradients(trainable_masks=...)",
     "step": "training step, counted from 1; each step draws a fresh mask",
     "frozen entries": "entries of the CNN frozen in this step (count)",
     "of them trainable in the step before": "entries frozen in this step that were trainable in the step before "

@@ -197,7 +197,7 @@ def seed2_tf2(method: str) -> pd.DataFrame:
             loss = _seed2_loss(w, tf.constant(mask, tf.float32))
         grad = tape.gradient(loss, w)
         if masked is not None:
-            masked.apply_gradients([(grad, w)], masks=[np.asarray(mask, bool)])
+            masked.apply_gradients([(grad, w)], trainable_masks=[np.asarray(mask, bool)])
         else:
             opt.apply_gradients([(grad, w)])
         if stash is not None and step == len(SEED2_MASKS):
@@ -236,7 +236,7 @@ def drift_run(optimizer: str, policy: str, *, steps: int, warmup: int, size: int
     def step(mask: Any) -> None:
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean((tf.linalg.matvec(x, w if mask is None else gate(w, mask)) - y) ** 2)
-        opt.apply_gradients([(tape.gradient(loss, w), w)], masks=None if mask is None else [mask])
+        opt.apply_gradients([(tape.gradient(loss, w), w)], trainable_masks=None if mask is None else [mask])
 
     for _ in range(warmup):
         step(None)

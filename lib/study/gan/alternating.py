@@ -290,7 +290,7 @@ class _Runner:
             self.opt_d.apply_gradients(zip(grads, self.d_vars + self.g_vars))
         elif masked:
             grads = tape.gradient(d_loss, self.d_vars)
-            self.opt_d.apply_gradients(zip(grads, self.d_vars), masks=[~f for f in d_frozen_part])
+            self.opt_d.apply_gradients(zip(grads, self.d_vars), trainable_masks=[~f for f in d_frozen_part])
         else:
             grads = tape.gradient(d_loss, self.d_vars)
             self.opt_d.apply_gradients(zip(grads, self.d_vars))
@@ -309,7 +309,7 @@ class _Runner:
             self.opt_g.apply_gradients(zip(zeroed, self.d_vars + self.g_vars))
         elif masked:
             grads = tape.gradient(g_loss, self.g_vars)
-            self.opt_g.apply_gradients(zip(grads, self.g_vars), masks=[~f for f in g_frozen_part])
+            self.opt_g.apply_gradients(zip(grads, self.g_vars), trainable_masks=[~f for f in g_frozen_part])
         else:
             grads = tape.gradient(g_loss, self.g_vars)
             self.opt_g.apply_gradients(zip(grads, self.g_vars))
