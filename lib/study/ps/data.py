@@ -106,11 +106,11 @@ def worker_shard(config: DownpourConfig) -> Callable[[Any, int], Any]:
     fn, itself = dataset_function(config), shards_itself(config)
 
     def shard(worker: Any, workers: int) -> Any:
-        worker = tf.cast(worker, tf.int64)
         if itself:
             ds = fn("train", worker=worker, workers=workers).enumerate()
-            return ds.map(lambda i, xy: (xy[0], xy[1], worker * INDEX_STRIDE + i))
-        return fn("train").enumerate().shard(workers, worker).map(lambda i, xy: (xy[0], xy[1], i))
+            first = tf.cast(worker, tf.int64) * INDEX_STRIDE
+            return ds.map(lambda i, xy: (xy[0], xy[1], first + i))
+        return fn("train").enumerate().shard(workers, tf.cast(worker, tf.int64)).map(lambda i, xy: (xy[0], xy[1], i))
 
     return shard
 
@@ -162,25 +162,45 @@ def eval_arrays(config: DownpourConfig) -> tuple[Any, Any]:
 
 READERS_INPUT = "filenames"
 """The input that names the files of TensorFlow's file-reading datasets (``TFRecordDataset``, ``CsvDataset``...)."""
+PURE_OPS = frozenset({"Const", "Identity", "StringJoin", "AsString", "Cast", "Pack", "ConcatV2", "StringFormat",
+                      "Add", "AddV2", "Reshape"})
+"""Ops a file name may be computed with for ``dataset_files`` to work it out on the chief (no file is touched)."""
 
 
 def dataset_files(make: Callable[[], Any]) -> list[str]:
-    """The files a dataset reads, where its graph names them as constants (``make()`` builds the dataset in a fresh
-    graph; nothing is read). ``dataset_files(lambda: fn("train"))``"""
+    """The files a dataset reads, where its graph names them as constants or computes them from constants
+    (``"train-" + as_string(worker)``): ``make()`` builds the dataset in a fresh graph; nothing is read.
+    ``dataset_files(lambda: fn("train"))``"""
     import tensorflow as tf
 
     graph = tf.Graph()
     with graph.as_default():
         make()
-    files: list[str] = []
+    tensors = []
     for op in graph.get_operations():
         names = [arg.name for arg in op.op_def.input_arg] if op.op_def is not None else []
-        if READERS_INPUT not in names:
-            continue
-        value = tf.get_static_value(op.inputs[names.index(READERS_INPUT)])
+        if READERS_INPUT in names:  # a reader that takes its files directly (CsvDataset)
+            tensors.append(op.inputs[names.index(READERS_INPUT)])
+        elif op.type == "TensorSliceDataset" and op.inputs and op.inputs[0].dtype == tf.string and any(
+                "FlatMap" in c.type or "Interleave" in c.type for c in op.outputs[0].consumers()):
+            tensors.append(op.inputs[0])  # TFRecordDataset, FixedLengthRecordDataset: one reader per file
+    files: list[str] = []
+    for tensor in tensors:
+        value = tf.get_static_value(tensor)
+        if value is None and _pure(tensor.op):
+            with tf.compat.v1.Session(graph=graph) as session:
+                value = session.run(tensor)
         if value is not None:
             files += [f.decode() if isinstance(f, bytes) else str(f) for f in np.atleast_1d(value)]
     return list(dict.fromkeys(files))
+
+
+def _pure(op: Any, seen: set | None = None) -> bool:
+    seen = set() if seen is None else seen
+    if op.name in seen:
+        return True
+    seen.add(op.name)
+    return op.type in PURE_OPS and all(_pure(t.op, seen) for t in op.inputs)
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ def worker_function(model: Any, ps: PsVariables, config: DownpourConfig, worker_
                 seeds = [tf.stack([tf.cast(s[0], tf.int64) + 1000 * (tf.cast(worker, tf.int64) + 1),
                                    fetched_at * 64 + step]) for s in ps.initial_seed_state]
             if step % config.n_push == 0:
-                accumulated: list[Any] = [None] * len(weights)
+                accumulated = [None] * len(weights)
             x, y, index = next(iterator)
             with tf.GradientTape() as tape:  # compute, on the local copy
                 tape.watch(weights)
