@@ -109,25 +109,26 @@ def test_a_keras_optimizer_on_the_ps_writes_what_keras_writes_and_masks_hold_fro
     ps = PsVariables(model, job)
     reference = [tf.Variable(v.numpy()) for v in model.trainable_variables]
     adamw = keras.optimizers.AdamW(learning_rate=0.01, weight_decay=0.1)
+    step = tf.function(lambda grads: adamw.apply_gradients(zip(grads, reference)))  # the ps applies in a graph too
     rng = np.random.default_rng(0)
     for _ in range(3):
         grads = [tf.constant(rng.normal(size=v.shape).astype(np.float32)) for v in reference]
         ps.push(grads, [])
-        adamw.apply_gradients(zip(grads, reference))
-    for mine, theirs in zip(ps.trainable, reference):
-        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+        step(grads)
+    for mine, theirs in zip(ps.values(), reference):
+        np.testing.assert_array_equal(mine, theirs.numpy())
 
     masked = DownpourConfig(model=MLP, model_kwargs={"hidden": 8, "batch_norm": False}, optimizer="adam",
                             freeze=["fc2/bias"], masks="study.ps.examples:random_mask",
                             masks_kwargs={"layer": "fc1", "keep": 0.5})
     ps = PsVariables(build_model(masked), masked)
-    before = [v.numpy() for v in ps.trainable]
+    before = ps.values()
     for _ in range(3):
-        ps.push([tf.constant(rng.normal(size=v.shape).astype(np.float32)) for v in ps.trainable], [])
+        ps.push([tf.constant(rng.normal(size=v.shape).astype(np.float32)) for v in before], [])
     keep = {ps.paths[i]: np.broadcast_to(k, before[i].shape) for i, k in ps.masks.items()}
     assert set(keep) == {"fc1/kernel", "fc2/bias"} and 0.3 < keep["fc1/kernel"].mean() < 0.7
-    for path, b, v in zip(ps.paths, before, ps.trainable):
-        changed = b.view(np.uint32) != v.numpy().view(np.uint32)
+    for path, b, v in zip(ps.paths, before, ps.values()):
+        changed = b.view(np.uint32) != v.view(np.uint32)
         frozen = ~keep[path] if path in keep else np.zeros(b.shape, bool)
         assert not changed[frozen].any(), path  # 0 bits changed in frozen entries
         assert changed[~frozen].all(), path  # every other entry moved
@@ -153,8 +154,8 @@ def test_the_update_counter_gives_every_concurrent_caller_its_own_value():
 def test_concurrent_pushes_each_get_their_own_version():
     job = DownpourConfig(model=MLP, model_kwargs={"hidden": 1, "batch_norm": False}, learning_rate=0.01)
     ps = PsVariables(build_model(job), job)
-    grads = [tf.zeros(v.shape) for v in ps.trainable]
-    push = tf.function(lambda: ps.push(grads, []))
+    grads = [tf.zeros(v.shape) for v in ps.values()]
+    push = tf.function(lambda: ps.push(grads, [])[0])
     push()
     versions: list[int] = []
 

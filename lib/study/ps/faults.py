@@ -76,12 +76,17 @@ def lost_ps_tasks(error: BaseException, ps_addresses: list[str], probe: Callable
 
 
 def first_line(error: BaseException, limit: int = 300) -> str:
-    """``"Type: first line of the message"``, at most ``limit`` characters, without TensorFlow's
-    ``{{function_node ...}}`` prefix and ``[Op:...]`` suffix."""
+    """``"Type: the message's first line"``, at most ``limit`` characters, without TensorFlow's
+    ``{{function_node ...}}`` prefix and ``[Op:...]`` suffix; for a ``Graph execution error:`` the line that says
+    what went wrong, after the "Detected at node ..." trace."""
     text = str(getattr(error, "message", None) or error)
     text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
     text = re.sub(r"\s*\[Op:[^\]]*\].*$", "", text, flags=re.S).strip()
-    text = f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+    lines = [line for line in text.splitlines() if line.strip()]
+    if lines and lines[0].startswith("Graph execution error") and len(lines) > 1:
+        told = [line for line in lines[1:] if not line.startswith((" ", "\t", "Detected at node", "[["))]
+        lines = told[-1:] or lines
+    text = f"{type(error).__name__}: {lines[0].strip()}" if lines else type(error).__name__
     return text[:limit]
 
 

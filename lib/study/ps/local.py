@@ -188,6 +188,15 @@ class LocalCluster:
         path = self.logs / f"{job}{index}.log"
         return path.read_text(errors="replace")[-chars:] if path.is_file() else ""
 
+    def said(self, job: str, index: int) -> str:
+        """What one task wrote to its terminal since it was last started. ``cluster.said("chief", 0)``"""
+        path = self.logs / f"{job}{index}.log"
+        if not path.is_file():
+            return ""
+        with open(path, errors="replace") as log:
+            log.seek(self._log_offsets.get((job, index), 0))
+            return log.read()
+
     def full_log(self, job: str, index: int) -> Path:
         """The file with everything else one task wrote (TensorFlow's output, tracebacks). ``cluster.full_log("ps", 0)``"""
         from study.ps.console import log_name
