@@ -1,7 +1,7 @@
 """The example's data: a synthetic review-like task with two inputs, as TFRecord files, one per worker.
 
 Each record holds ``tokens`` (``LENGTH`` token ids out of ``VOCAB``), ``numeric`` (``FEATURES`` floats) and a 0/1
-``label``. A positive record draws about a quarter of its tokens from ids 800-899 and a negative one from
+``label``. A positive record draws about a tenth of its tokens from ids 800-899 and a negative one from
 900-999 (the "new" tokens, which a pre-trained vocabulary of ids 0-799 would not know); the rest are common
 tokens; the first numeric feature leans towards the label. So the label can be learned from the new tokens'
 embedding rows and the numeric input together.
@@ -31,10 +31,10 @@ def records(n: int, seed: int, length: int = LENGTH) -> tuple[Any, Any, Any]:
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, 2, n)
     tokens = rng.integers(0, PRETRAINED, (n, length))
-    new = rng.random((n, length)) < 0.25
+    new = rng.random((n, length)) < 0.1
     tokens[new] = (PRETRAINED + 100 * (1 - labels)[:, None] + rng.integers(0, 100, (n, length)))[new]
     numeric = rng.normal(size=(n, FEATURES)).astype(np.float32)
-    numeric[:, 0] += labels - 0.5
+    numeric[:, 0] += 0.5 * (labels - 0.5)
     return tokens.astype(np.int64), numeric, labels.astype(np.int64)
 
 
