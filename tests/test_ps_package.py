@@ -476,3 +476,15 @@ def test_the_result_is_typed_round_trips_through_json_and_reads_as_a_mapping():
     assert result["frozen"]["policy"] == "hold" and result.get("no_such_field") is None and len(result) == len(fields)
     with pytest.raises(ValueError, match=r"result: missing fields \[\], unknown fields \['extra'\]"):
         DownpourResult.from_dict({**fields, "extra": 1})
+
+
+def test_ps_tasks_take_their_thread_count_from_the_command_line():
+    from study.ps.cluster import server_config
+
+    assert server_config("ps", 2, ps_threads=3).intra_op_parallelism_threads == 3
+    assert server_config("ps", 2).intra_op_parallelism_threads == 1
+    assert server_config("worker", 2, worker_threads=2, ps_threads=3).intra_op_parallelism_threads == 2
+    spec = json.dumps({"cluster": {"ps": ["localhost:1"], "worker": ["localhost:2"]}, "task": {"type": "ps"}})
+    run = subprocess.run([sys.executable, "-m", "study.ps", "--ps-threads", "0"], capture_output=True, text=True,
+                         env=dict(os.environ, TF_CONFIG=spec), timeout=120)
+    assert run.returncode == 2 and run.stderr.strip() == "study.ps: --ps-threads: expected an integer >= 1; got 0"

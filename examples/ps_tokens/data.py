@@ -24,22 +24,26 @@ LENGTH = 20
 FEATURES = 3
 
 
-def records(n: int, seed: int, length: int = LENGTH) -> tuple[Any, Any, Any]:
-    """``n`` synthetic records: tokens ``(n, length)`` int64, numeric ``(n, FEATURES)`` float32, labels ``(n,)``."""
+def records(n: int, seed: int, length: int = LENGTH, vocab: int = VOCAB) -> tuple[Any, Any, Any]:
+    """``n`` synthetic records: tokens ``(n, length)`` int64, numeric ``(n, FEATURES)`` float32, labels ``(n,)``.
+
+    The last fifth of ``vocab`` are the new tokens, their first half for positive records (800-899 of 1,000)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
+    old = vocab * PRETRAINED // VOCAB
+    half = (vocab - old) // 2
     labels = rng.integers(0, 2, n)
-    tokens = rng.integers(0, PRETRAINED, (n, length))
+    tokens = rng.integers(0, old, (n, length))
     new = rng.random((n, length)) < 0.1
-    tokens[new] = (PRETRAINED + 100 * (1 - labels)[:, None] + rng.integers(0, 100, (n, length)))[new]
+    tokens[new] = (old + half * (1 - labels)[:, None] + rng.integers(0, half, (n, length)))[new]
     numeric = rng.normal(size=(n, FEATURES)).astype(np.float32)
     numeric[:, 0] += 0.5 * (labels - 0.5)
     return tokens.astype(np.int64), numeric, labels.astype(np.int64)
 
 
 def write(folder: str | Path, workers: int = 2, per_worker: int = 1000, test: int = 400, seed: int = 0,
-          length: int = LENGTH) -> Path:
+          length: int = LENGTH, vocab: int = VOCAB) -> Path:
     """Write ``train-<w>.tfrecord`` for each worker ``w`` and ``test.tfrecord`` into ``folder``.
 
     ``write("build/tokens", workers=2)``
@@ -51,7 +55,7 @@ def write(folder: str | Path, workers: int = 2, per_worker: int = 1000, test: in
     files = {f"train-{w}.tfrecord": (per_worker, seed + 1 + w) for w in range(workers)}
     files["test.tfrecord"] = (test, seed)
     for name, (n, file_seed) in files.items():
-        tokens, numeric, labels = records(n, file_seed, length)
+        tokens, numeric, labels = records(n, file_seed, length, vocab)
         with tf.io.TFRecordWriter(str(folder / name)) as out:
             for t, x, y in zip(tokens, numeric, labels):
                 example = tf.train.Example(features=tf.train.Features(feature={

@@ -13,11 +13,11 @@ import numpy as np
 from examples.ps_tokens.data import FEATURES, LENGTH, PRETRAINED, VOCAB
 
 
-def build(width: int = 16) -> keras.Model:
-    """The two-input model. ``build(8)``"""
+def build(width: int = 16, vocab: int = VOCAB) -> keras.Model:
+    """The two-input model (``vocab`` rows in the embedding table). ``build(8)``"""
     tokens = keras.Input((LENGTH,), dtype="int64", name="tokens")
     numeric = keras.Input((FEATURES,), name="numeric")
-    words = keras.layers.Embedding(VOCAB, width, name="embedding")(tokens)
+    words = keras.layers.Embedding(vocab, width, name="embedding")(tokens)
     words = keras.layers.GlobalAveragePooling1D(name="mean")(words)
     numbers = keras.layers.Dense(8, activation="relu", name="numeric_encoder")(numeric)
     h = keras.layers.Concatenate(name="join")([words, numbers])

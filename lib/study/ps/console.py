@@ -78,12 +78,16 @@ class Console:
         return f" (full log: {self.log})" if self.log is not None else ""
 
     def stop_on_sigint(self, task: str, detail: str = "") -> None:
-        """End the process with exit code 130 and one line when it receives SIGINT (Ctrl-C), whatever it is doing.
+        """End the process with exit code 130 and one line when it receives SIGINT (Ctrl-C), whatever it is doing,
+        also when it was started with SIGINT ignored (a background job of a script).
 
         Call it in the main thread before TensorFlow starts threads. ``detail`` is added to the line.
         """
         if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - not POSIX: Python's KeyboardInterrupt
             return
+        # a process started as a background job of a script inherits SIGINT ignored, and an ignored signal is
+        # dropped before sigwait could see it: take it back (blocked everywhere, so its default action never runs)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
         def wait() -> None:

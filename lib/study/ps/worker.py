@@ -29,7 +29,7 @@ from study.ps.variables import PsVariables
 
 def gradient_kinds(model: Any, ps: PsVariables, config: DownpourConfig, element_spec: Any) -> list[bool]:
     """Per trainable variable, whether its gradient is a ``tf.IndexedSlices`` (an ``Embedding``'s): found by tracing
-    the loss's gradient once on the data's ``element_spec`` ``(x, y)``, unbatched; nothing runs."""
+    the loss's gradient once on ``element_spec``, the data's unbatched ``(x, y)`` spec; nothing runs."""
     import tensorflow as tf
 
     loss_fn = make_loss(config)
@@ -133,7 +133,7 @@ def local_steps_per_s(config: DownpourConfig, functions: int = 8, repeats: int =
         limits += f", pinned to core {core}"
     import tensorflow as tf
 
-    from study.ps.data import train_dataset
+    from study.ps.data import element_spec, train_dataset
     from study.ps.model import build_model
 
     tf.config.threading.set_intra_op_parallelism_threads(threads)
@@ -141,7 +141,7 @@ def local_steps_per_s(config: DownpourConfig, functions: int = 8, repeats: int =
     model = build_model(config)
     ps = PsVariables(model, config)
     dataset = train_dataset(config)(0, 1)
-    ps.prepare(gradient_kinds(model, ps, config, dataset.element_spec))
+    ps.prepare(gradient_kinds(model, ps, config, element_spec(config)))
     fn = worker_function(model, ps, config, lambda: tf.constant(0, tf.int32))
     iterator = iter(dataset)
     for _ in range(2):  # trace and warm up
