@@ -478,6 +478,20 @@ def test_the_result_is_typed_round_trips_through_json_and_reads_as_a_mapping():
         DownpourResult.from_dict({**fields, "extra": 1})
 
 
+def test_an_error_s_first_line_is_the_line_that_says_what_went_wrong():
+    remote = tf.errors.NotFoundError(None, None, ':UNKNOWN:Error received from peer  {grpc_status:5, grpc_message:" '
+                                                 '/d/train-1.tfrecord; No such file or directory\\n\\t [[{{node '
+                                                 'IteratorGetNext}}]]"}')
+    assert faults.first_line(remote) == "NotFoundError: /d/train-1.tfrecord; No such file or directory"
+    graph = tf.errors.NotFoundError(None, None, "Graph execution error:\n\nDetected at node X defined at (most recent "
+                                                "call last):\n  File \"a.py\", line 1\n\n/d/a; No such file\n\t "
+                                                "[[{{node X}}]] [Op:__inference_f_17]")
+    assert faults.first_line(graph) == "NotFoundError: /d/a; No such file"
+    autograph = NotImplementedError("in user code:\n\n    File \"w.py\", line 41\n\n    NotImplementedError: "
+                                    "numpy() is only available when eager execution is enabled.")
+    assert faults.first_line(autograph) == "NotImplementedError: numpy() is only available when eager execution is enabled."
+
+
 def test_ps_tasks_take_their_thread_count_from_the_command_line():
     from study.ps.cluster import server_config
 

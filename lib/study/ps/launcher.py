@@ -186,8 +186,8 @@ def _launch(config: DownpourConfig, cluster: Any, timeout_s: float, injected: Fa
                 continue
             said = [line for line in cluster.log_tail("chief", 0, 4000).splitlines() if line.startswith("study.ps:")]
             how = f"killed by signal {-code}" if code < 0 else f"exit {code}"
-            raise RuntimeError(f"run_downpour: the chief failed ({how}): "
-                               f"{said[-1] if said else 'it said nothing'} (full log: {cluster.full_log('chief', 0)})")
+            last = said[-1] if said else f"it said nothing (full log: {cluster.full_log('chief', 0)})"
+            raise RuntimeError(f"run_downpour: the chief failed ({how}): {last}")
         result = DownpourResult.from_dict(json.loads(out.read_text()))
     cpu_after = {name: cpu_seconds(pid) for name, pid in tasks.items()}
 

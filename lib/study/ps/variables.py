@@ -10,6 +10,7 @@ moves.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -63,9 +64,9 @@ class PsVariables:
         self.state_paths = [v.path for v in model.non_trainable_variables]
         self.seed_slots = [i for i, v in enumerate(model.non_trainable_variables) if "seed_generator_state" in v.path]
         devices = list(devices) if devices else [""]
-        turn = iter(range(10 ** 9))
+        turn = itertools.count()
 
-        def next_device() -> str:
+        def next_device() -> str:  # round robin over the tasks, for variables that are not split
             return devices[next(turn) % len(devices)]
 
         self.shards: list[list[Any]] = []

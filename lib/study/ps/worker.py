@@ -35,10 +35,11 @@ def gradient_kinds(model: Any, ps: PsVariables, config: DownpourConfig, element_
     loss_fn = make_loss(config)
     kinds: list[bool] = []
     batched = tf.nest.map_structure(lambda s: tf.TensorSpec((None, *s.shape), s.dtype), element_spec[:2])
+    values = [v.numpy() for v in model.non_trainable_variables]
 
     def trace(x: Any, y: Any) -> Any:
         weights = [tf.zeros(v.shape, v.dtype) for v in model.trainable_variables]
-        state = [tf.constant(v.numpy()) for v in model.non_trainable_variables]
+        state = [tf.constant(v) for v in values]
         with tf.GradientTape() as tape:
             tape.watch(weights)
             loss = loss_fn(y, model.stateless_call(weights, state, x, training=True)[0])
