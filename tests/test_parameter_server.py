@@ -233,7 +233,8 @@ def test_faults_are_not_job_fields_and_are_checked_against_the_job():
             job_from_dict({name: 3})
     with pytest.warns(DeprecationWarning, match="use run_downpour"):  # an older caller's spelling still works
         old = DownpourConfig(workers=2, kill_worker_at=3)
-    assert Faults.of(old) == Faults(worker_at=3) and "kill_worker_at" not in json.dumps(old.__dict__)
+    assert Faults.of(old) == Faults(worker_at=3) and "kill_worker_at" not in json.dumps(dataclasses.asdict(old))
+    assert Faults.of(DownpourConfig()) == Faults()
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -323,7 +324,7 @@ def test_adam_on_the_ps_with_frozen_entries_that_no_push_moves_then_a_refused_re
     # a sidecar that no longer matches its checkpoint: --resume is refused with the reason, exit 4
     sidecar_path = tmp_path / "ckpt" / pointer["folder"] / "state.json"
     sidecar_path.write_text(sidecar_path.read_text().replace('"version": 24', '"version": 23'))
-    code, log = _chief(cluster, {**json.loads(json.dumps(job.__dict__)), "checkpoint_dir": str(tmp_path / "ckpt")},
+    code, log = _chief(cluster, {**dataclasses.asdict(job), "checkpoint_dir": str(tmp_path / "ckpt")},
                        tmp_path, "--resume")
     assert code == faults.EXIT_RESUME_REFUSED, log
     assert "the sidecar of ckpt-000000000024-3 changed after it was written" in log

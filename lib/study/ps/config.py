@@ -164,11 +164,12 @@ class DownpourConfig:
 
     def __post_init__(self, kill_worker_at: int | None = None, kill_ps_at: int | None = None,
                       kill_chief_at: int | None = None) -> None:
-        legacy = {"worker_at": kill_worker_at, "ps_at": kill_ps_at, "chief_at": kill_chief_at}
-        if any(v is not None for v in legacy.values()):
+        legacy = {k: v for k, v in (("worker_at", kill_worker_at), ("ps_at", kill_ps_at), ("chief_at", kill_chief_at))
+                  if v is not None}
+        if legacy:  # kept out of the fields: not in asdict(), the job file, the checkpoint's job or the result
             warnings.warn("DownpourConfig(kill_*_at=...) is deprecated: fault injection is not part of a job; use "
                           "run_downpour(job, faults=Faults(...))", DeprecationWarning, stacklevel=3)
-        object.__setattr__(self, "_legacy_faults", {k: v for k, v in legacy.items() if v is not None})
+            object.__setattr__(self, "_legacy_faults", legacy)
         for name in ("workers", "ps", "steps", "n_fetch", "n_push", "steps_per_function", "batch",
                      "shuffle_buffer", "shard_min_bytes", "eval_samples", "keep_checkpoints"):
             check_positive_int(name, getattr(self, name))
