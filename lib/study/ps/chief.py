@@ -72,6 +72,8 @@ def run_chief(config: DownpourConfig, cluster: dict[str, list[str]], out: str | 
         say(str(e))
         return faults.EXIT_RESUME_REFUSED
     except ValueError as e:
+        if "\n" in str(e):  # not one of this package's one-line refusals: TensorFlow's, from tracing the job's code
+            return _failed(trainer, e, cluster, say, where)
         say(str(e))
         return faults.EXIT_BAD_INPUT
     except Exception as e:  # noqa: BLE001 - every error ends with a message and an exit code

@@ -67,8 +67,8 @@ class Console:
         return cls(terminal, path)
 
     def say(self, message: str) -> None:
-        """One line ``study.ps: message`` in the terminal, and in the log."""
-        line = f"study.ps: {message}"
+        """One line ``study.ps: message`` in the terminal (line breaks become spaces), and in the log."""
+        line = "study.ps: " + " ".join(part.strip() for part in str(message).splitlines() if part.strip())
         print(line, file=self.terminal, flush=True)
         if self.log is not None:
             print(line, file=sys.stderr, flush=True)
