@@ -21,7 +21,7 @@ get its core shows up there, not in the ratio. Prints; asserts nothing about tim
 tasks), each job run pushing only the rows a push touched (``sparse_push`` true: ``IndexedSlices``) and pushing
 dense tensors (false), interleaved, with Downpour's Adagrad (a scatter on the ps) and with Adam (Keras' Adam
 updates every row of a sparse gradient's variable): bytes pushed per update and steps per second, sparse / dense.
-``python bench/bench_ps.py --sparse --repeats 2``
+``python bench/bench_ps.py --sparse --repeats 3 --functions-per-worker 24``
 """
 
 from __future__ import annotations

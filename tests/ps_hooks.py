@@ -56,3 +56,21 @@ def features_as_text(split: str):
 def two_inputs_misnamed(split: str):
     """The tokens model's two inputs under a wrong name."""
     return tf.data.Dataset.from_tensors(({"tokens": tf.zeros(20, tf.int64), "numbers": tf.zeros(3)}, 0))
+
+
+def two_outputs():
+    """A model with two outputs, a dict {"label", "score"}, on 4 features."""
+    import keras
+
+    features = keras.Input((4,), name="features")
+    h = keras.layers.Dense(8, activation="relu", name="shared")(features)
+    return keras.Model(features, {"label": keras.layers.Dense(1, name="label")(h),
+                                  "score": keras.layers.Dense(1, name="score")(h)})
+
+
+def two_targets(split: str):
+    """4 features, and y as a dict of two targets: their sum's sign and their mean (read from graph constants)."""
+    rng = np.random.default_rng(0 if split == "train" else 1)
+    x = rng.normal(size=(256, 4)).astype(np.float32)
+    y = {"label": (x.sum(axis=1) > 0).astype(np.float32), "score": x.mean(axis=1)}
+    return tf.data.Dataset.from_tensor_slices((x, y))

@@ -129,6 +129,18 @@ def test_data_that_does_not_fit_the_model_or_a_missing_worker_file_ends_the_chie
 
 @pytest.mark.slow
 @pytest.mark.cluster
+def test_a_model_with_two_outputs_trains_on_the_cluster(cluster, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    job = DownpourConfig(model="ps_hooks:two_outputs", data="ps_hooks:two_targets", loss="mse", optimizer="adam",
+                         learning_rate=0.01, batch=16, steps=64, steps_per_function=4, eval_every=32, eval_samples=64,
+                         workers=2, ps=2)
+    r = run_downpour(job, cluster, timeout_s=400)
+    assert r.applied_updates == 64 and r.samples_shared_between_workers == 0
+    assert r.curve[-1]["loss"] < 0.7 * r.curve[0]["loss"] and r.final_accuracy is None  # both outputs' losses
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
 def test_deep_mnist_cnn_on_two_workers_and_two_sharded_ps_tasks(cluster):
     config = DownpourConfig(workers=2, ps=2, steps=32, n_fetch=2, n_push=2, steps_per_function=4, batch=32,
                             learning_rate=0.05)

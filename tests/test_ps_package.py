@@ -502,3 +502,24 @@ def test_ps_tasks_take_their_thread_count_from_the_command_line():
     run = subprocess.run([sys.executable, "-m", "study.ps", "--ps-threads", "0"], capture_output=True, text=True,
                          env=dict(os.environ, TF_CONFIG=spec), timeout=120)
     assert run.returncode == 2 and run.stderr.strip() == "study.ps: --ps-threads: expected an integer >= 1; got 0"
+
+
+def test_a_model_with_two_outputs_trains_in_the_local_loop_and_evaluates_on_both(monkeypatch):
+    from study.ps.data import element_spec, eval_arrays, train_dataset
+    from study.ps.model import evaluate, make_loss
+    from study.ps.worker import gradient_kinds, worker_function
+
+    job = DownpourConfig(model="ps_hooks:two_outputs", data="ps_hooks:two_targets", loss="mse", optimizer="adam",
+                         learning_rate=0.01, batch=16, steps_per_function=4, eval_samples=64)
+    model = build_model(job)
+    ps = PsVariables(model, job)
+    ps.prepare(gradient_kinds(model, ps, job, element_spec(job)))
+    fn = worker_function(model, ps, job, lambda: tf.constant(0, tf.int32))
+    x, y = eval_arrays(job)
+    assert set(y) == {"label", "score"}
+    before = evaluate(model, ps.values(), [], x, y, make_loss(job))
+    iterator = iter(train_dataset(job)(0, 1))
+    for _ in range(10):
+        fn(iterator)
+    after = evaluate(model, ps.values(), [], x, y, make_loss(job))
+    assert after["accuracy"] is None and after["loss"] < 0.7 * before["loss"]  # the sum of both outputs' losses
