@@ -291,7 +291,8 @@ def check_split(model: Any, config: DownpourConfig, split: str) -> tuple[Any, An
     """The ``(x, y)`` spec of ``split``; a ``ValueError`` (one line: files, expected and found shape) when ``x`` does
     not fit the model's inputs."""
     spec = element_spec(config, split)
-    problem = mismatch(model, spec_leaves(spec[0]), f"data: the {split} split ({', '.join(split_files(config, split))})")
+    files = ", ".join(split_files(config, split))
+    problem = mismatch(model, spec_leaves(spec[0]), f"data: the {split} split ({files})")
     if problem:
         raise ValueError(problem)
     return spec
@@ -319,7 +320,8 @@ def check_workers(model: Any, config: DownpourConfig, workers: int) -> None:
                 shapes = tf.function(probe)()
         except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError, tf.errors.DataLossError,
                 tf.errors.OutOfRangeError) as e:
-            what = "has no training data" if isinstance(e, tf.errors.OutOfRangeError) else "cannot read its training data"
+            empty = isinstance(e, tf.errors.OutOfRangeError)
+            what = "has no training data" if empty else "cannot read its training data"
             raise ValueError(f"data: worker:{worker} {what} ({files}): {first_line(e)}") from None
         found = tf.nest.map_structure(lambda shape, dtype: Leaf("", tuple(int(d) for d in shape.numpy()[1:]), dtype),
                                       shapes, dtypes)

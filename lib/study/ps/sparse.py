@@ -63,7 +63,7 @@ def map_values(fn: Callable[[Any], Any] | None, g: Any) -> Any:
 
 
 def local_step(w: Any, g: Any, lr: float, keep: Any = None) -> Any:
-    """``w - lr * g`` (a scatter for an ``IndexedSlices``), with the entries where ``keep`` is False left as they are."""
+    """``w - lr * g`` (a scatter for an ``IndexedSlices``); entries where ``keep`` is False are left as they are."""
     import tensorflow as tf
 
     if is_sparse(g):

@@ -50,13 +50,15 @@ def gradient_kinds(model: Any, ps: PsVariables, config: DownpourConfig, element_
     return kinds
 
 
-def worker_function(model: Any, ps: PsVariables, config: DownpourConfig, worker_index: Callable[[], Any]) -> Any:
+def worker_function(model: Any, ps: PsVariables, config: DownpourConfig, worker_index: Callable[[], Any],
+                    timestamps: bool = True) -> Any:
     """The Downpour worker loop as a ``tf.function`` of a data iterator (``steps_per_function`` steps).
 
     Returns per push: the version, the staleness and the bytes of gradient it sent; per step: the loss; the
     number of samples the function read from another worker's shard (0 when the shards are disjoint; -1 when the
     dataset function shards itself, which this cannot check); and the worker's index with the function's start
-    and end time (``tf.timestamp``) on the worker.
+    and end time (``tf.timestamp``) on the worker. ``timestamps=False`` gives 0 for both instead: ``tf.timestamp``
+    fails in a process where ``tf.config.experimental.enable_op_determinism`` was called (the local loop).
     """
     import tensorflow as tf
 
@@ -77,7 +79,7 @@ def worker_function(model: Any, ps: PsVariables, config: DownpourConfig, worker_
     @tf.function
     def run(iterator: Any) -> dict[str, Any]:
         worker = worker_index()
-        started = tf.timestamp()
+        started = tf.timestamp() if timestamps else tf.constant(0.0, tf.float64)
         versions, staleness, losses, sent = [], [], [], []
         foreign = tf.constant(0, tf.int64)
         keep = {i: tf.constant(k) for i, k in masks.items()}
@@ -110,7 +112,7 @@ def worker_function(model: Any, ps: PsVariables, config: DownpourConfig, worker_
                 sent.append(size)
                 own_pushes += 1
         with tf.control_dependencies([version]):  # the clock stops after the last push
-            ended = tf.timestamp()
+            ended = tf.timestamp() if timestamps else tf.identity(started)
         return {"versions": tf.stack(versions), "staleness": tf.stack(staleness), "loss": tf.stack(losses),
                 "pushed_bytes": tf.stack(sent),
                 "samples": tf.constant(config.steps_per_function * config.batch, tf.int64),
@@ -143,7 +145,7 @@ def local_steps_per_s(config: DownpourConfig, functions: int = 8, repeats: int =
     ps = PsVariables(model, config)
     dataset = train_dataset(config)(0, 1)
     ps.prepare(gradient_kinds(model, ps, config, element_spec(config)))
-    fn = worker_function(model, ps, config, lambda: tf.constant(0, tf.int32))
+    fn = worker_function(model, ps, config, lambda: tf.constant(0, tf.int32), timestamps=False)
     iterator = iter(dataset)
     for _ in range(2):  # trace and warm up
         out = fn(iterator)
