@@ -198,7 +198,7 @@ class LocalCluster:
             return log.read()
 
     def full_log(self, job: str, index: int) -> Path:
-        """The file with the rest of what one task wrote (TensorFlow's output, tracebacks). ``cluster.full_log("ps", 0)``"""
+        """The file with the rest of one task's output (TensorFlow's, tracebacks). ``cluster.full_log("ps", 0)``"""
         from study.ps.console import log_name
 
         return self.logs / log_name(job, index, self.spec[job][index].rpartition(":")[2])
