@@ -11,10 +11,17 @@ In one run, on one ``LocalCluster`` (4 workers, 2 ps tasks; each worker limited 
 Every run reads the study's MNIST from IDX files (``study.ps.data:idx``), the workers each their own shard.
 
 Ratios: scaling = steps/s of 2 workers / 1 worker (target >= 1.6); overhead = the PS step time / the local
-step time, with 1 worker (target <= 1.3). Steps/s are measured after warm-up (tracing, shipping the function
-and the data to each worker). The CPU seconds each task used in that window, and the load average, are
-reported too: on a shared machine a worker that does not get its core shows up there, not in the ratio.
-Prints; asserts nothing about time. ``python bench/bench_ps.py --repeats 3``
+step time, with 1 worker (target <= 1.3), and the same in CPU seconds per step (worker + ps) / the local loop's.
+Steps/s are measured after warm-up (tracing, shipping the function and the data to each worker). The CPU seconds
+each task used in that window, and the load average, are reported too: on a shared machine a worker that does not
+get its core shows up there, not in the ratio. Prints; asserts nothing about time.
+``python bench/bench_ps.py --repeats 3``
+
+``--sparse``: an Embedding-heavy model instead (``examples/ps_tokens`` with a 50,000 x 32 table, 1 worker, 2 ps
+tasks), each job run pushing only the rows a push touched (``sparse_push`` true: ``IndexedSlices``) and pushing
+dense tensors (false), interleaved, with Downpour's Adagrad (a scatter on the ps) and with Adam (Keras' Adam
+updates every row of a sparse gradient's variable): bytes pushed per update and steps per second, sparse / dense.
+``python bench/bench_ps.py --sparse --repeats 3 --functions-per-worker 24``
 """
 
 from __future__ import annotations
@@ -31,7 +38,10 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "lib"))
+sys.path.insert(0, str(REPO))  # examples.ps_tokens, for --sparse (the chief imports it too: PYTHONPATH below)
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
 
 from study.ps.local import LocalCluster  # noqa: E402
 from study.ps import DownpourConfig, run_downpour  # noqa: E402
@@ -62,7 +72,7 @@ def ps_run(cluster: LocalCluster, base: DownpourConfig, workers: int, functions_
                                  steps=(warmup + functions_per_worker * workers) * base.steps_per_function)
     load = _load()
     r = run_downpour(config, cluster, timeout_s=900)
-    window = r["steady_seconds"]
+    window = r.steady_seconds
     cpu = r["steady_task_cpu_s"]
     worker_cpu = sum(v for k, v in cpu.items() if k.startswith("worker") and v is not None)
     return {"workers": workers, "steps_per_s": r["steps_per_s"], "updates_per_s": r["updates_per_s"],
@@ -74,6 +84,8 @@ def ps_run(cluster: LocalCluster, base: DownpourConfig, workers: int, functions_
             / r["steady_steps"] if r["steady_steps"] else None,
             "worker_steps_per_cpu_s": r["steady_steps"] / worker_cpu if worker_cpu else None,
             "staleness_mean": statistics.fmean(r["staleness"]) if r["staleness"] else 0.0,
+            "pushed_bytes_per_update": r.pushed_bytes / max(1, r.returned_updates),
+            "dense_bytes_per_update": r.dense_push_bytes / max(1, r.returned_updates),
             "load_before": load, "load_after": _load()}
 
 
@@ -84,9 +96,56 @@ def _spread(values: list[float]) -> str:
             f"(min {min(values):.2f}, max {max(values):.2f}, n={len(values)})")
 
 
+SPARSE = DownpourConfig(model="examples.ps_tokens.model:build", model_kwargs={"width": 32, "vocab": 50_000},
+                        data="examples.ps_tokens.data:dataset",
+                        loss={"class_name": "BinaryCrossentropy", "config": {"from_logits": True}},
+                        n_fetch=4, n_push=4, steps_per_function=8, batch=32, learning_rate=0.01, ps=2)
+"""The Embedding-heavy job of ``--sparse``: 50,000 x 32 float32 = 6.4 MB of embedding table, split over both ps."""
+
+
+def sparse_main(repeats: int, functions_per_worker: int) -> dict:
+    """``--sparse``: sparse and dense pushes of one Embedding-heavy job, interleaved, per optimizer on the ps."""
+    from examples.ps_tokens.data import write
+
+    started = time.monotonic()
+    runs: dict[str, list] = {}
+    data = tempfile.TemporaryDirectory(prefix="bench-ps-sparse-")
+    folder = str(write(data.name, workers=1, per_worker=4000, test=200, vocab=SPARSE.model_kwargs["vocab"]))
+    with data, LocalCluster(workers=1, ps=2, start_timeout=300) as cluster:
+        for _ in range(repeats):
+            for optimizer in ("adagrad", "adam"):
+                for sparse_push in (True, False):
+                    job = dataclasses.replace(SPARSE, optimizer=optimizer, sparse_push=sparse_push,
+                                              data_kwargs={"folder": folder}, eval_samples=200)
+                    run = ps_run(cluster, job, 1, functions_per_worker)
+                    runs.setdefault(f"{optimizer}/{'sparse' if sparse_push else 'dense'}", []).append(run)
+                    print(f"  {optimizer}, {'sparse' if sparse_push else 'dense'} pushes: {run['steps_per_s']:.2f} "
+                          f"steps/s, {run['pushed_bytes_per_update'] / 1e6:.3f} MB per update", flush=True)
+    out: dict = {"runs": runs, "config": dataclasses.asdict(SPARSE), "cpus": os.cpu_count()}
+    print(f"\nAn Embedding-heavy model (examples/ps_tokens, 50,000 x 32 table = 6.4 MB, over 2 ps tasks), 1 worker, "
+          f"batch {SPARSE.batch} x 20 tokens, n_fetch = n_push = {SPARSE.n_push}; {repeats} interleaved repeats; load "
+          f"average {min(r['load_before'] for v in runs.values() for r in v):.1f}-"
+          f"{max(r['load_after'] for v in runs.values() for r in v):.1f}.")
+    for optimizer in ("adagrad", "adam"):
+        sparse, dense = runs[f"{optimizer}/sparse"], runs[f"{optimizer}/dense"]
+        bytes_ratio = [a["pushed_bytes_per_update"] / b["pushed_bytes_per_update"] for a, b in zip(sparse, dense)]
+        speed = [a["steps_per_s"] / b["steps_per_s"] for a, b in zip(sparse, dense)]
+        out[f"{optimizer}_bytes_sparse_over_dense"] = bytes_ratio
+        out[f"{optimizer}_steps_per_s_sparse_over_dense"] = speed
+        print(f"  {optimizer} on the ps: bytes pushed per update, sparse / dense = {_spread(bytes_ratio)} "
+              f"({statistics.fmean(r['pushed_bytes_per_update'] for r in sparse) / 1e6:.3f} MB / "
+              f"{statistics.fmean(r['pushed_bytes_per_update'] for r in dense) / 1e6:.3f} MB)")
+        print(f"  {optimizer} on the ps: steps/s, sparse / dense = {_spread(speed)} "
+              f"({_spread([r['steps_per_s'] for r in sparse])} / {_spread([r['steps_per_s'] for r in dense])})")
+    out["seconds"] = time.monotonic() - started
+    print(f"  ({out['seconds']:.0f} s in all)")
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sparse", action="store_true", help="the Embedding-heavy model: sparse vs dense pushes")
     parser.add_argument("--functions-per-worker", type=int, default=4, help="timed functions per worker per run")
     parser.add_argument("--four-workers", type=int, default=2, help="repeats of the 4-worker run (0: skip)")
     parser.add_argument("--optimizer", default=BASE.optimizer, help="on the ps: adam (default), sgd, adagrad, ...")
@@ -99,6 +158,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(local_steps_per_s(config, functions=int(args.local_child[1]),
                                            repeats=int(args.local_child[2]))))
         return {}
+    if args.sparse:
+        return sparse_main(args.repeats, args.functions_per_worker)
 
     started = time.monotonic()
     runs: dict[str, list] = {"local": [], "1": [], "2": [], "4": []}

@@ -6,7 +6,7 @@ that crashes is reported (its JSON holds the error), the others still run, and t
 Sizes (the argument lists below) keep the MaskedOptimizer benchmarks at about 2.5 minutes on a quiet 2-core
 machine (measured: 133 s), longer when shared with other jobs (a CNN step takes ~0.06-0.3 s on CPU). The
 MirroredStrategy benchmark runs in its own process (two logical CPU devices must be set up before
-TensorFlow starts). The parameter-server benchmark runs at its own defaults.
+TensorFlow starts). The parameter-server benchmarks run at their own defaults (the sparse one: 3 repeats of 24 timed functions, its steps are short).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ BENCHMARKS = {
     "masked_mirrored": _mirrored,
     "cnn_loop": lambda: bench_cnn_loop.main(["--rounds", "5", "--steps", "20"]),
     "parameter_server": lambda: bench_ps.main([]),
+    "parameter_server_sparse": lambda: bench_ps.main(["--sparse", "--repeats", "3", "--functions-per-worker", "24"]),
 }
 
 

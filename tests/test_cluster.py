@@ -3,6 +3,7 @@ address every task listens on."""
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -130,3 +131,131 @@ def test_a_task_started_by_hand_with_bind_listens_there_only_and_without_it_on_e
                          env=dict(os.environ, TF_CONFIG=json.dumps({"cluster": spec, "task": {"type": "ps"}})),
                          timeout=120)
     assert run.returncode == 2 and "--bind: expected an IP address of this machine" in run.stderr
+
+
+# -- one task by hand: Ctrl-C, a port in use, the bind shim -----------------------------------------------------
+
+
+def _task(job: str, spec: dict, log_dir, *flags: str, index: int = 0, env: dict | None = None) -> subprocess.Popen:
+    """``python -m study.ps`` for one task, its terminal output in a pipe (not a new session: it gets Ctrl-C)."""
+    config = json.dumps({"cluster": spec, "task": {"type": job, "index": index}})
+    return subprocess.Popen([sys.executable, "-m", "study.ps", "--log-dir", str(log_dir), *flags],
+                            env={**os.environ, "TF_CONFIG": config, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for_line(process: subprocess.Popen, text: str, timeout: float = 120) -> list[str]:
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line and process.poll() is not None:
+            break
+        lines.append(line.rstrip("\n"))
+        if text in line:
+            return lines
+    raise AssertionError(f"no {text!r} in {lines}")
+
+
+def test_ctrl_c_ends_a_ps_task_a_worker_and_a_chief_within_seconds_with_exit_code_130(tmp_path):
+    ports = free_ports(3)
+    spec = {"chief": [f"localhost:{ports[0]}"], "ps": [f"localhost:{ports[1]}"], "worker": [f"localhost:{ports[2]}"]}
+    tasks = {"ps": _task("ps", spec, tmp_path), "worker": _task("worker", spec, tmp_path)}
+    try:
+        for job, process in tasks.items():
+            _wait_for_line(process, f"serving {job}:0 ")
+        # a chief waiting for tasks that never come (its start_timeout is long)
+        other = {"chief": spec["chief"], "ps": [f"localhost:{free_ports(1)[0]}"], "worker": spec["worker"]}
+        tasks["chief"] = _task("chief", other, tmp_path, "--job", '{"start_timeout": 600, "data": "study.ps.data:idx"}')
+        time.sleep(8)  # past its imports, into its wait
+        for job, process in tasks.items():
+            assert process.poll() is None, job
+            started = time.monotonic()
+            process.send_signal(signal.SIGINT)  # what Ctrl-C sends
+            assert process.wait(timeout=10) == 130, job
+            assert time.monotonic() - started < 5, job
+            rest = [line for line in process.stdout.read().splitlines() if line.strip()]
+            assert rest[-1].startswith(f"study.ps: {job}:0: stopped by Ctrl-C (SIGINT), exit code 130"), rest
+            assert not any("Traceback" in line or "KeyboardInterrupt" in line for line in rest), rest
+    finally:
+        for process in tasks.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def test_a_port_in_use_gives_one_line_naming_the_port_and_the_task_and_the_log_file(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        spec = {"chief": [f"localhost:{free_ports(1)[0]}"], "ps": [f"localhost:{port}"],
+                "worker": [f"localhost:{free_ports(1)[0]}"]}
+        process = _task("ps", spec, tmp_path)
+        out, _ = process.communicate(timeout=120)
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert process.returncode == 2
+    assert lines == [f"study.ps: ps:0 cannot listen on port {port} (localhost:{port}): the port is in use by another "
+                     f"process; stop it or give this task another port in TF_CONFIG (full log: "
+                     f"{tmp_path}/ps-0-{port}.log)"], out
+    assert (tmp_path / f"ps-0-{port}.log").read_text().count("\n") > 1  # TensorFlow's own text went there
+
+
+def test_without_a_compiler_bind_gives_one_line_and_local_cluster_refuses(tmp_path, monkeypatch):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    bare = {"PATH": str(empty), "CC": "", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    spec = {"ps": ["localhost:1"], "worker": ["localhost:2"]}
+    run = subprocess.run([sys.executable, "-m", "study.ps", "--bind", "127.0.0.1"], capture_output=True, text=True,
+                         env={**os.environ, **bare, "TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": "ps"}})},
+                         timeout=120)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.splitlines() == ["study.ps: --bind: needs a C compiler (cc, gcc or clang, or $CC) to build a "
+                                       "60-line bind() shim once, because TensorFlow's server always listens on "
+                                       "every interface ([::]); install one, or leave --bind out and keep the "
+                                       "cluster on a private network or behind a firewall"], run.stderr
+    for name, value in bare.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(bind.BindError, match=r"LocalCluster: cannot keep the tasks on loopback \(--bind: needs a C "
+                                             r"compiler.*pass bind=None to let them listen on every interface"):
+        LocalCluster(workers=1, ps=1)
+
+
+@pytest.mark.skipif(not bind.available(), reason="--bind needs Linux and a C compiler")
+def test_the_cached_shim_is_checked_before_it_is_loaded(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    built = bind.build_shim()
+    assert built == bind.cached_shim() and built.name == f"libstudy_ps_bind-{bind.shim_key()[:16]}.so"
+    stamp = built.stat().st_mtime_ns
+    built.write_bytes(built.read_bytes() + b"tampered")  # its bytes no longer match the manifest
+    assert bind.cached_shim() is None
+    rebuilt = bind.build_shim()
+    assert rebuilt == built and bind.cached_shim() == built and built.stat().st_mtime_ns != stamp
+    assert b"tampered" not in built.read_bytes()
+    manifest = json.loads(built.with_suffix(".json").read_text())
+    assert manifest["key"] == bind.shim_key() and manifest["flags"] == [*bind.FLAGS, *bind.LIBS]
+    built.parent.chmod(0o777)  # a folder others can write: refused, not loaded
+    try:
+        with pytest.raises(bind.BindError, match="refusing to load the bind\\(\\) shim from .*others can write"):
+            bind.environment("127.0.0.1")
+    finally:
+        built.parent.chmod(0o700)
+
+
+def test_ipv6_addresses_are_understood_and_an_evaluator_is_refused():
+    from study.ps.cluster import reachable, split_address
+
+    assert split_address("[::1]:2222") == ("::1", 2222) and split_address("host:22") == ("host", 22)
+    if socket.has_ipv6:
+        with socket.socket(socket.AF_INET6) as listening:
+            try:
+                listening.bind(("::1", 0))
+            except OSError:
+                pytest.skip("no IPv6 loopback here")
+            listening.listen()
+            assert reachable(f"[::1]:{listening.getsockname()[1]}")
+    assert parse_tf_config(json.dumps({"cluster": {"worker": ["[::1]:1"], "ps": ["[fe80::1]:2"]},
+                                       "task": {"type": "ps"}}))["cluster"]["ps"] == ["[fe80::1]:2"]
+    with pytest.raises(ValueError, match="must be a non-empty list of 'host:port'"):
+        parse_tf_config(json.dumps({"cluster": {"worker": ["::1:1"]}, "task": {"type": "worker"}}))
+    with pytest.raises(ValueError, match="TF_CONFIG: study.ps has no evaluator task"):
+        parse_tf_config(json.dumps({"cluster": {"worker": ["a:1"], "evaluator": ["a:2"]}, "task": {"type": "worker"}}))

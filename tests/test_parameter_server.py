@@ -1,12 +1,15 @@
-"""Downpour SGD for any Keras model on a real local cluster: n_fetch/n_push, sharding over two ps tasks,
-disjoint data shards read by the workers, staleness, Adam and frozen entries on the ps, faults (worker, ps,
-chief) with update accounting, a refused --resume, clear errors and exit codes, no orphans.
+"""Downpour SGD for Keras models on a real local cluster: an Embedding and two inputs with Adam and a masked layer
+on two ps tasks, data checked against the model on every worker, n_fetch/n_push, sharding, disjoint data shards,
+staleness, faults (worker, ps, chief) with update accounting and one message each, a refused --resume, clear
+errors and exit codes, no orphans.
 
-The cluster tests share one LocalCluster (2 workers, 2 ps tasks) to keep the suite short; every job is a
-chief process started through ``python -m study.ps``, like every server task.
+The cluster tests share one LocalCluster (2 workers, 2 ps tasks); every job is a chief process started through
+``python -m study.ps``, like every server task. ``make test`` runs the first two cluster tests (the issue-22
+"done when" job and the data checks); the others are marked ``slow`` (``pytest -m slow``).
 """
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -18,13 +21,14 @@ import pytest
 import tensorflow as tf
 
 from study.models import DEEP_MNIST_PARAMETERS
-from study.ps import DownpourConfig, PsVariables, build_model, run_chief, run_downpour
+from study.ps import DownpourConfig, Faults, PsVariables, build_model, run_chief, run_downpour
 from study.ps import faults
 from study.ps.data import write_study_mnist
 from study.ps.faults import EXIT_UNREACHABLE
 from study.ps.local import LocalCluster, free_ports
 
 TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
 
 MLP = "study.ps.examples:mnist_mlp"
 
@@ -54,6 +58,88 @@ def alive_pids():
     assert pids and not any(alive(p) for p in pids)
 
 
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory):
+    """examples/ps_tokens' data: one TFRecord file per worker and a test file; and the same with 16 tokens."""
+    import sys
+
+    sys.path.insert(0, str(REPO))
+    from examples.ps_tokens.data import write
+
+    folder = tmp_path_factory.mktemp("tokens")
+    return str(write(folder / "ok", workers=2)), str(write(folder / "short", workers=2, length=16))
+
+
+def _tokens_job(folder: str, **changes) -> dict:
+    job = json.loads((REPO / "examples" / "ps_tokens" / "job.json").read_text())
+    job.update(data_kwargs={"folder": folder}, **changes)
+    return job
+
+
+def _said(log: str) -> list[str]:
+    """The task's own one-line messages in what it wrote to its terminal."""
+    return [line for line in log.splitlines() if line.startswith("study.ps:")]
+
+
+@pytest.mark.cluster
+def test_an_embedding_and_two_inputs_train_with_adam_on_the_ps_and_no_frozen_bit_moves_on_either_task(
+        cluster, tokens, monkeypatch):
+    """Issue 22's "done when": Embedding + two inputs, Adam on the ps, a masked layer, 0 frozen bits on both tasks."""
+    monkeypatch.syspath_prepend(str(REPO))
+    monkeypatch.chdir(REPO)  # the chief imports examples.* from the repository root
+    r = run_downpour(DownpourConfig(**_tokens_job(tokens[0], steps=96, eval_every=48, workers=2, ps=2)), cluster,
+                     timeout_s=400)
+    assert r.sparse_variables == ["embedding/embeddings"]  # the Embedding's gradient stayed IndexedSlices
+    table = next(row for row in r.placement if row["variable"] == "embedding/embeddings")
+    assert [s["task"] for s in table["shards"]] == ["ps:0", "ps:1"]  # the table is split over both ps tasks
+    frozen = r.frozen
+    assert set(frozen.per_task) == {"ps:0", "ps:1"}
+    for task, counts in frozen.per_task.items():  # read back from each task: its frozen entries, bit for bit
+        assert counts["frozen_entries"] > 0 and counts["frozen_changed"] == 0, task
+    assert frozen.frozen_entries == 800 * 16 and frozen.frozen_changed_bits == 0
+    assert frozen.masked_trainable_changed == frozen.masked_trainable_entries == 200 * 16  # the new tokens' rows
+    assert "one MaskedOptimizer per ps task" in frozen.mask_placement
+    assert all(r.optimizer_bytes_per_task[t] > 0 for t in ("ps:0", "ps:1"))  # Adam's state and masks on each task
+    assert r.optimizer == "adam" and r.applied_updates == r.returned_updates == 48 and r.distinct_versions
+    assert 0 < r.pushed_bytes < r.dense_push_bytes  # only the rows a push touched went over the network
+    assert r.curve[-1]["loss"] < r.curve[0]["loss"] and r.final_accuracy > r.curve[0]["accuracy"] + 0.2
+    assert r["applied_updates"] == r.applied_updates and dict(r.frozen)["frozen_changed_bits"] == 0  # as a mapping
+
+
+@pytest.mark.cluster
+def test_data_that_does_not_fit_the_model_or_a_missing_worker_file_ends_the_chief_with_one_line(
+        cluster, tokens, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    short = tokens[1]
+    code, log = _chief(cluster, _tokens_job(short, steps=8), tmp_path)  # 16 tokens where the model declares 20
+    assert code == faults.EXIT_BAD_INPUT, log
+    assert _said(log) == [f"study.ps: data: worker:0 reads {short}/train-0.tfrecord, which gives x['tokens'] of "
+                          "shape (16,) per sample; the model's input 'tokens' expects (20,)"], log
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in ("train-0.tfrecord", "test.tfrecord"):  # worker 1's file is missing
+        (broken / name).write_bytes((Path(tokens[0]) / name).read_bytes())
+    code, log = _chief(cluster, _tokens_job(str(broken), steps=8), tmp_path)
+    assert code == faults.EXIT_BAD_INPUT, log
+    [line] = _said(log)
+    assert line.startswith(f"study.ps: data: worker:1 cannot read its training data ({broken}/train-1.tfrecord): "
+                           f"NotFoundError: {broken}/train-1.tfrecord; No such file or directory"), line
+    assert "Traceback" not in log and "E0000" not in log  # TensorFlow's and Python's text went to the log file
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_a_model_with_two_outputs_trains_on_the_cluster(cluster, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    job = DownpourConfig(model="ps_hooks:two_outputs", data="ps_hooks:two_targets", loss="mse", optimizer="adam",
+                         learning_rate=0.01, batch=16, steps=64, steps_per_function=4, eval_every=32, eval_samples=64,
+                         workers=2, ps=2)
+    r = run_downpour(job, cluster, timeout_s=400)
+    assert r.applied_updates == 64 and r.samples_shared_between_workers == 0
+    assert r.curve[-1]["loss"] < 0.7 * r.curve[0]["loss"] and r.final_accuracy is None  # both outputs' losses
+
+
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_deep_mnist_cnn_on_two_workers_and_two_sharded_ps_tasks(cluster):
     config = DownpourConfig(workers=2, ps=2, steps=32, n_fetch=2, n_push=2, steps_per_function=4, batch=32,
@@ -75,6 +161,7 @@ def test_deep_mnist_cnn_on_two_workers_and_two_sharded_ps_tasks(cluster):
     assert "intra_op_parallelism_threads=1" in r["worker_limits"]
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_another_architecture_on_one_worker_is_plain_async_sgd_with_zero_staleness(cluster):
     config = DownpourConfig(model=MLP, model_kwargs={"hidden": 64}, workers=1, ps=2, steps=48, steps_per_function=4,
@@ -89,14 +176,24 @@ def test_another_architecture_on_one_worker_is_plain_async_sgd_with_zero_stalene
     assert any(row["variable"].endswith("bn1/moving_mean") for row in r["placement"])  # non-trainable state on the ps
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
-def test_a_killed_worker_chief_and_ps_task_and_every_update_accounted_for(cluster):
+def test_a_killed_worker_chief_and_ps_task_each_say_one_line_and_every_update_is_accounted_for(cluster):
     """One job, three faults: worker 0 killed (and started again), the chief killed, a ps task killed."""
     config = DownpourConfig(model=MLP, workers=2, ps=2, steps=112, n_fetch=2, n_push=2, steps_per_function=4,
-                            optimizer="adagrad", learning_rate=0.1, checkpoint_every=8, kill_worker_at=6,
-                            kill_chief_at=16, kill_ps_at=36, shard_min_bytes=65536)
-    r = run_downpour(config, cluster, timeout_s=900)
+                            optimizer="adagrad", learning_rate=0.1, checkpoint_every=8, shard_min_bytes=65536)
+    r = run_downpour(config, cluster, timeout_s=900, faults=Faults(worker_at=6, chief_at=16, ps_at=36))
     worker, chief, ps = r["faults"]
+    said = _said(cluster.log_tail("chief", 0, 200_000))
+    lost = [line for line in said if " lost" in line]
+    assert any(line.startswith("study.ps: worker:0 (") and "lost; its functions go to the other workers" in line
+               for line in lost), said
+    ps_lines = [line for line in lost if line.startswith(f"study.ps: {ps['killed']} lost (")]
+    assert len(ps_lines) == 1 and "restart it, then the chief with --resume" in ps_lines[0], said
+    assert f"(full log: {cluster.full_log('chief', 0)})" in ps_lines[0]
+    assert "E0000" not in cluster.log_tail("chief", 0, 200_000)  # TensorFlow's error text is in the log file only
+    gone = [line for line in _said(cluster.log_tail("ps", 0, 200_000)) if "the chief" in line]
+    assert gone and "has gone (finished, or lost); this task keeps serving" in gone[0]
     assert (worker["killed"], chief["killed"]) == ("worker:0", "chief:0") and ps["killed"].startswith("ps:")
     # a killed chief or ps: the job restarts the chief, which restores the last checkpoint
     resumed = [a for a in r["attempts"] if a["resumed"]]
@@ -116,22 +213,40 @@ def test_a_killed_worker_chief_and_ps_task_and_every_update_accounted_for(cluste
 def test_push_applies_exactly_v_minus_lr_times_t_of_g_and_adagrad_next_to_the_variable():
     config = DownpourConfig(model=MLP, model_kwargs={"hidden": 8}, learning_rate=0.25)
     ps = PsVariables(build_model(config), config)
-    before = [v.numpy() for v in ps.trainable]
-    grads = [tf.fill(v.shape, 0.5) for v in ps.trainable]
-    _, _, state, _ = ps.fetch()
-    assert int(ps.push(grads, state)) == 1
-    for b, v in zip(before, ps.trainable):
-        np.testing.assert_array_equal(v.numpy(), b - np.float32(0.25) * np.float32(0.5))
+    before = ps.values()
+    grads = [tf.fill(v.shape, 0.5) for v in before]
+    _, _, state = ps.fetch()
+    assert int(ps.push(grads, state)[0]) == 1
+    for b, v in zip(before, ps.values()):
+        np.testing.assert_array_equal(v, b - np.float32(0.25) * np.float32(0.5))
     ada = DownpourConfig(model=MLP, model_kwargs={"hidden": 8}, learning_rate=0.25, optimizer="adagrad",
                          adagrad_initial=0.0 + 0.75)
     ps = PsVariables(build_model(ada), ada)
-    before = [v.numpy() for v in ps.trainable]
+    before = ps.values()
     ps.push(grads, ps.fetch()[2])  # sum g^2 = 0.75 + 0.25 = 1: the step is lr * g
     # Eigen's vectorised rsqrt(1.0) is 1 - 2^-23 here (2 ulps), so the step is 0.125 to that relative error, and
     # W - step rounds to an ulp of |W| + 0.125 (a relative tolerance on the result fails where it cancels towards 0)
-    for b, v in zip(before, ps.trainable):
-        error = np.abs(v.numpy() - (b - np.float32(0.25) * np.float32(0.5)))
+    for b, v in zip(before, ps.values()):
+        error = np.abs(v - (b - np.float32(0.25) * np.float32(0.5)))
         assert (error <= 0.125 * 2.0**-22 + np.spacing(np.abs(b) + np.float32(0.125))).all(), error.max()
+
+
+def test_faults_are_not_job_fields_and_are_checked_against_the_job():
+    with pytest.raises(ValueError, match="faults.worker_at: needs workers >= 2"):
+        run_downpour(DownpourConfig(), faults=Faults(worker_at=3))
+    with pytest.raises(ValueError, match="faults.ps_at: needs checkpoint_every > 0"):
+        run_downpour(DownpourConfig(workers=2), faults=Faults(ps_at=3))
+    from study.ps.config import FAULT_FIELDS, job_from_dict
+
+    fields = {f.name for f in dataclasses.fields(DownpourConfig)}
+    for name in FAULT_FIELDS:
+        assert name not in fields
+        with pytest.raises(ValueError, match=f"--job: {name} injects faults for experiments and is not a job field"):
+            job_from_dict({name: 3})
+    with pytest.warns(DeprecationWarning, match="use run_downpour"):  # an older caller's spelling still works
+        old = DownpourConfig(workers=2, kill_worker_at=3)
+    assert Faults.of(old) == Faults(worker_at=3) and "kill_worker_at" not in json.dumps(dataclasses.asdict(old))
+    assert Faults.of(DownpourConfig()) == Faults()
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -144,8 +259,7 @@ def test_push_applies_exactly_v_minus_lr_times_t_of_g_and_adagrad_next_to_the_va
     ({"transform": "no_such_module:f"}, "transform: cannot import 'no_such_module'"),
     ({"optimizer": "adamx"}, "optimizer: got 'adamx'; allowed: 'sgd', 'adagrad' \\(Downpour's\\), a Keras optimizer name"),
     ({"kill_worker_after": 3}, "unexpected keyword argument 'kill_worker_after'"),
-    ({"kill_worker_at": 3}, "kill_worker_at: needs workers >= 2"),
-    ({"kill_ps_at": 3}, "kill_ps_at: needs checkpoint_every > 0"),
+    ({"sparse_push": "yes"}, "sparse_push: expected true or false"),
     ({"learning_rate": 0.0}, "learning_rate: expected a number in"),
 ])
 def test_bad_configuration(bad, match):
@@ -176,7 +290,7 @@ def _chief(cluster, job: dict, tmp_path: Path, *args: str, timeout: float = 300)
         code = chief.wait(timeout=timeout)
     finally:
         cluster.kill("chief", 0)
-    return code, cluster.log_tail("chief", 0, 3000)
+    return code, cluster.said("chief", 0)
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +299,7 @@ def mnist_files(tmp_path_factory):
     return str(write_study_mnist(tmp_path_factory.mktemp("mnist")))
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_adam_on_the_ps_with_frozen_entries_that_no_push_moves_then_a_refused_resume(cluster, mnist_files, tmp_path):
     # hidden 384: each shard of fc1/kernel holds 150,528 entries, over the 2^17 where MaskedOptimizer fuses its write
@@ -221,12 +336,13 @@ def test_adam_on_the_ps_with_frozen_entries_that_no_push_moves_then_a_refused_re
     # a sidecar that no longer matches its checkpoint: --resume is refused with the reason, exit 4
     sidecar_path = tmp_path / "ckpt" / pointer["folder"] / "state.json"
     sidecar_path.write_text(sidecar_path.read_text().replace('"version": 24', '"version": 23'))
-    code, log = _chief(cluster, {**json.loads(json.dumps(job.__dict__)), "checkpoint_dir": str(tmp_path / "ckpt")},
+    code, log = _chief(cluster, {**dataclasses.asdict(job), "checkpoint_dir": str(tmp_path / "ckpt")},
                        tmp_path, "--resume")
     assert code == faults.EXIT_RESUME_REFUSED, log
     assert "the sidecar of ckpt-000000000024-3 changed after it was written" in log
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_a_failing_push_is_not_a_lost_ps_and_every_chief_error_ends_with_a_message_and_a_code(
         cluster, mnist_files, tmp_path, monkeypatch):
@@ -236,18 +352,24 @@ def test_a_failing_push_is_not_a_lost_ps_and_every_chief_error_ends_with_a_messa
     # a push that fails on ps:0 with InvalidArgumentError (its text names /job:ps): exit 1, not 75
     code, log = _chief(cluster, {**base, "transform": "ps_hooks:nan_on_ps"}, tmp_path)
     assert code == faults.EXIT_FAILED, log
-    last = log.strip().splitlines()[-1]
-    assert last.startswith("study.ps: the chief failed: InvalidArgumentError") and "poisoned gradient" in log, log
+    [last] = _said(log)
+    assert last.startswith("study.ps: the chief failed: InvalidArgumentError") and "poisoned gradient" in last, log
+    full = cluster.full_log("chief", 0).read_text()
+    assert last.endswith(f"(full log: {cluster.full_log('chief', 0)})") and "Traceback" in full  # kept, in the log
     code, log = _chief(cluster, {**base, "model": "ps_hooks:broken_model", "model_kwargs": {}}, tmp_path)
     assert code == faults.EXIT_FAILED and "RuntimeError: this builder is broken on purpose" in log, log
+    assert "broken_model" in cluster.full_log("chief", 0).read_text()  # the catch-all kept the traceback
     missing = tmp_path / "no-such-folder"
     code, log = _chief(cluster, {**base, "data_kwargs": {"folder": str(missing)}}, tmp_path)
     assert code == faults.EXIT_BAD_INPUT, log
-    assert f"data: a data file cannot be read (NotFoundError: {missing}/t10k-images-idx3-ubyte" in log
+    assert _said(log) == [f"study.ps: data: the chief cannot read the test split ({missing}/t10k-images-idx3-ubyte, "
+                          f"{missing}/t10k-labels-idx1-ubyte): NotFoundError: {missing}/t10k-images-idx3-ubyte; "
+                          "No such file or directory"], log
     code, log = _chief(cluster, {**base, "optimizer": "adamz"}, tmp_path)
     assert code == faults.EXIT_BAD_INPUT and "optimizer: got 'adamz'; allowed: 'sgd', 'adagrad'" in log, log
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_the_walk_through_s_second_model_trains_with_adam_and_a_frozen_layer(cluster, tmp_path, monkeypatch):
     """docs/parameter_server.md's job (examples/ps_tabular/job.json), shortened, on the module's cluster."""

@@ -3,8 +3,10 @@ checked on resume, which errors mean a lost ps, exact versions under concurrent 
 and the bind address."""
 
 import ast
+import dataclasses
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -17,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 import study.ps
-from study.ps import DownpourConfig, PsVariables, build_model, faults
+from study.ps import KERAS_OPTIMIZERS, DownpourConfig, PsVariables, build_model, faults
 from study.ps import bind as bind_address
 from study.ps.checkpoints import CheckpointStore, ResumeRefused
 from study.ps.local import free_ports
@@ -109,25 +111,26 @@ def test_a_keras_optimizer_on_the_ps_writes_what_keras_writes_and_masks_hold_fro
     ps = PsVariables(model, job)
     reference = [tf.Variable(v.numpy()) for v in model.trainable_variables]
     adamw = keras.optimizers.AdamW(learning_rate=0.01, weight_decay=0.1)
+    step = tf.function(lambda grads: adamw.apply_gradients(zip(grads, reference)))  # the ps applies in a graph too
     rng = np.random.default_rng(0)
     for _ in range(3):
         grads = [tf.constant(rng.normal(size=v.shape).astype(np.float32)) for v in reference]
         ps.push(grads, [])
-        adamw.apply_gradients(zip(grads, reference))
-    for mine, theirs in zip(ps.trainable, reference):
-        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+        step(grads)
+    for mine, theirs in zip(ps.values(), reference):
+        np.testing.assert_array_equal(mine, theirs.numpy())
 
     masked = DownpourConfig(model=MLP, model_kwargs={"hidden": 8, "batch_norm": False}, optimizer="adam",
                             freeze=["fc2/bias"], masks="study.ps.examples:random_mask",
                             masks_kwargs={"layer": "fc1", "keep": 0.5})
     ps = PsVariables(build_model(masked), masked)
-    before = [v.numpy() for v in ps.trainable]
+    before = ps.values()
     for _ in range(3):
-        ps.push([tf.constant(rng.normal(size=v.shape).astype(np.float32)) for v in ps.trainable], [])
+        ps.push([tf.constant(rng.normal(size=v.shape).astype(np.float32)) for v in before], [])
     keep = {ps.paths[i]: np.broadcast_to(k, before[i].shape) for i, k in ps.masks.items()}
     assert set(keep) == {"fc1/kernel", "fc2/bias"} and 0.3 < keep["fc1/kernel"].mean() < 0.7
-    for path, b, v in zip(ps.paths, before, ps.trainable):
-        changed = b.view(np.uint32) != v.numpy().view(np.uint32)
+    for path, b, v in zip(ps.paths, before, ps.values()):
+        changed = b.view(np.uint32) != v.view(np.uint32)
         frozen = ~keep[path] if path in keep else np.zeros(b.shape, bool)
         assert not changed[frozen].any(), path  # 0 bits changed in frozen entries
         assert changed[~frozen].all(), path  # every other entry moved
@@ -153,8 +156,8 @@ def test_the_update_counter_gives_every_concurrent_caller_its_own_value():
 def test_concurrent_pushes_each_get_their_own_version():
     job = DownpourConfig(model=MLP, model_kwargs={"hidden": 1, "batch_norm": False}, learning_rate=0.01)
     ps = PsVariables(build_model(job), job)
-    grads = [tf.zeros(v.shape) for v in ps.trainable]
-    push = tf.function(lambda: ps.push(grads, []))
+    grads = [tf.zeros(v.shape) for v in ps.values()]
+    push = tf.function(lambda: ps.push(grads, [])[0])
     push()
     versions: list[int] = []
 
@@ -321,3 +324,203 @@ def test_the_walk_through_s_job_file_is_the_one_the_docs_show_and_a_valid_job(mo
     assert shown == job
     config = DownpourConfig(**job)
     assert config.optimizer == "adam" and config.freeze == ["encoder"] and config.masked
+
+
+# -- sparse gradients, several inputs, data against the model --------------------------------------------------
+
+EMBED = "ps_hooks:embedding_model"
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", *KERAS_OPTIMIZERS, {"class_name": "SGD", "config": {
+    "momentum": 0.9}}], ids=str)
+def test_every_optimizer_applies_an_embedding_s_indexed_slices_on_the_ps_as_keras_does_and_masks_hold(optimizer):
+    """The Embedding's gradient reaches the ps as IndexedSlices of the touched rows, for every optimizer a job
+    allows; a Keras optimizer's update equals Keras' own on the same IndexedSlices, and masked rows keep their bits."""
+    job = DownpourConfig(model=EMBED, optimizer=optimizer, learning_rate=0.01)
+    model = build_model(job)
+    ps = PsVariables(model, job)
+    rows = tf.IndexedSlices(tf.constant(np.arange(12, dtype=np.float32).reshape(3, 4) / 10),
+                            tf.constant([1, 5, 1], tf.int64), tf.constant([10, 4], tf.int64))
+    grads = [rows] + [tf.ones(v.shape) for v in model.trainable_variables[1:]]
+    before = ps.values()
+    version, sent = ps.push(grads, [])
+    assert int(version) == 1 and int(sent) < 10 * 4 * 4  # two rows (row 1 twice, summed) went, not the table
+    after = ps.values()
+    moved = before[0].view(np.uint32) != after[0].view(np.uint32)
+    assert moved[[1, 5]].all()
+    if optimizer not in ("sgd", "adagrad"):  # Keras' own update, on the same gradient, in a graph as on the ps
+        from study.ps.optimizer import keras_optimizer
+
+        from study.ps.sparse import dedupe
+
+        reference = [tf.Variable(b, name=f"reference_{i}") for i, b in enumerate(before)]
+        keras_step = keras_optimizer(job)  # given the gradient as the ps gets it: each row once
+        keras_step.build(reference)
+        tf.function(lambda: keras_step.apply_gradients(zip([dedupe(rows), *grads[1:]], reference)))()
+        for mine, theirs in zip(after, reference):
+            np.testing.assert_array_equal(mine, theirs.numpy())
+    else:  # Downpour's own rules touch only the pushed rows
+        assert not moved[[0, 2, 3, 4, 6, 7, 8, 9]].any()
+        if optimizer == "sgd":
+            row = rows.values.numpy()[0] + rows.values.numpy()[2]  # row 1's two gradients, summed once
+            np.testing.assert_array_equal(after[0][1], before[0][1] - np.float32(0.01) * row)
+    if isinstance(optimizer, str) and optimizer in ("sgd", "adagrad"):
+        return
+    masked = DownpourConfig(model=EMBED, optimizer=optimizer, learning_rate=0.01, masks="ps_hooks:freeze_rows")
+    ps = PsVariables(build_model(masked), masked)
+    before = ps.values()
+    for _ in range(2):
+        ps.push(grads, [])
+    moved = before[0].view(np.uint32) != ps.values()[0].view(np.uint32)
+    assert not moved[:5].any() and moved[5].all()  # rows 0-4 frozen (row 1 had a gradient), row 5 trains
+
+
+def test_sparse_pieces_split_over_shards_give_what_the_dense_gradient_gives():
+    from study.ps import sparse
+
+    g = tf.IndexedSlices(tf.constant([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]), tf.constant([7, 0, 7], tf.int64),
+                         tf.constant([9, 2], tf.int64))
+    once = sparse.dedupe(g)
+    assert sorted(once.indices.numpy().tolist()) == [0, 7]
+    np.testing.assert_array_equal(sparse.dense(once).numpy(), sparse.dense(g).numpy())
+    pieces = sparse.split_rows(once, [5, 4])
+    dense = [sparse.dense(p).numpy() for p in pieces]
+    np.testing.assert_array_equal(np.concatenate(dense), sparse.dense(g).numpy())
+    assert [p.dense_shape.numpy().tolist() for p in pieces] == [[5, 2], [4, 2]]
+    assert int(sparse.payload_bytes(pieces)) == 2 * (2 * 4 + 8)  # two rows: values and an int64 index each
+    w = tf.zeros((9, 2))
+    np.testing.assert_array_equal(sparse.local_step(w, g, 0.5).numpy(), -0.5 * sparse.dense(g).numpy())
+    kept = sparse.local_step(w, g, 0.5, keep=np.arange(9)[:, None] > 3)
+    assert kept.numpy()[0].tolist() == [0.0, 0.0] and kept.numpy()[7].tolist() == [-3.0, -4.0]
+    total = sparse.add(g, g)
+    assert isinstance(total, tf.IndexedSlices) and total.values.shape[0] == 6
+
+
+def test_a_two_input_model_with_an_embedding_trains_in_the_local_loop_with_sparse_pushes(tmp_path, monkeypatch):
+    from study.ps.worker import gradient_kinds, worker_function
+    from study.ps.data import element_spec, train_dataset
+
+    repo = LIB.parents[2]
+    monkeypatch.syspath_prepend(str(repo))
+    from examples.ps_tokens.data import write
+
+    folder = write(tmp_path, workers=1, per_worker=200, test=40)
+    for sparse_push in (True, False):
+        job = DownpourConfig(model="examples.ps_tokens.model:build", data="examples.ps_tokens.data:dataset",
+                             data_kwargs={"folder": str(folder)}, loss={"class_name": "BinaryCrossentropy",
+                                                                        "config": {"from_logits": True}},
+                             optimizer="adam", learning_rate=0.01, masks="examples.ps_tokens.model:new_tokens_only",
+                             batch=16, n_fetch=2, n_push=2, steps_per_function=4, sparse_push=sparse_push)
+        model = build_model(job)
+        ps = PsVariables(model, job)
+        assert gradient_kinds(model, ps, job, element_spec(job)) == [True] + [False] * 6
+        ps.prepare(gradient_kinds(model, ps, job, element_spec(job)))
+        fn = worker_function(model, ps, job, lambda: tf.constant(0, tf.int32), timestamps=False)
+        before = ps.values()
+        out = fn(iter(train_dataset(job)(0, 1)))
+        table = before[0].nbytes
+        sent = out["pushed_bytes"].numpy()
+        assert (sent < table).all() if sparse_push else (sent > table).all(), sent
+        moved = before[0].view(np.uint32) != ps.values()[0].view(np.uint32)
+        assert not moved[:800].any() and moved[800:].any()  # pre-trained rows frozen, new tokens' rows train
+
+
+@pytest.mark.parametrize("data, message", [
+    ("ps_hooks:features_29", "data: the train split (the files of data_kwargs {}) gives x of shape (29,) per sample; "
+                             "the model's input 'features' expects (30,)"),
+    ("ps_hooks:features_as_text", "gives x as string; the model's input 'features' expects float32"),
+    ("ps_hooks:two_inputs_misnamed", "gives the inputs ['numbers', 'tokens']; the model expects ['numeric', "
+                                     "'tokens']"),
+])
+def test_data_that_does_not_fit_the_model_is_one_line_naming_what_was_expected_and_found(data, message, monkeypatch):
+    from study.ps.data import check_split
+
+    monkeypatch.syspath_prepend(str(LIB.parents[2]))
+    model = "examples.ps_tabular.model:build" if "features" in data else "examples.ps_tokens.model:build"
+    job = DownpourConfig(model=model, data=data)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_split(build_model(job), job, "train")
+
+
+def test_the_files_a_dataset_reads_are_named_from_its_graph_without_reading_them(tmp_path, monkeypatch):
+    from study.ps.data import split_files
+
+    monkeypatch.syspath_prepend(str(LIB.parents[2]))
+    tokens = DownpourConfig(data="examples.ps_tokens.data:dataset", data_kwargs={"folder": "/nowhere"})
+    assert split_files(tokens, "train", 1, 2) == ["/nowhere/train-1.tfrecord"]
+    tabular = DownpourConfig(data="examples.ps_tabular.data:dataset", data_kwargs={"folder": "/nowhere"})
+    assert split_files(tabular, "test") == ["/nowhere/test.csv"]
+    mnist = DownpourConfig(data="study.ps.data:idx", data_kwargs={"folder": "/nowhere"})
+    assert split_files(mnist, "train") == ["/nowhere/train-images-idx3-ubyte", "/nowhere/train-labels-idx1-ubyte"]
+
+
+def test_the_result_is_typed_round_trips_through_json_and_reads_as_a_mapping():
+    from study.ps.result import DownpourResult, FrozenReport, frozen_report
+
+    keep = np.array([[True, False], [False, False], [True, True]])
+    start = np.zeros((3, 2), np.float32)
+    end = start.copy()
+    end[0, 0], end[2] = 1.0, -0.0  # -0.0 has other bits than 0.0: it counts as changed (it is trainable here)
+    placement = [{"shards": [{"task": "ps:0", "shape": [2, 2]}, {"task": "ps:1", "shape": [1, 2]}]}]
+    report = frozen_report([start], [end], {0: keep}, ["t"], placement, "here", "hold")
+    assert isinstance(report, FrozenReport) and report.frozen_changed_bits == 0
+    assert report.per_task == {"ps:0": {"frozen_entries": 3, "frozen_changed": 0, "trainable_entries": 1,
+                                        "trainable_changed": 1},
+                               "ps:1": {"frozen_entries": 0, "frozen_changed": 0, "trainable_entries": 2,
+                                        "trainable_changed": 2}}
+    fields = {f: None for f in DownpourResult.__dataclass_fields__}
+    fields.update(frozen=dataclasses.asdict(report), faults=[], task_cpu_s={}, steady_task_cpu_s={}, pids=[],
+                  worker_limits="", applied_updates=7)
+    result = DownpourResult.from_dict(json.loads(json.dumps(fields)))
+    assert result.applied_updates == result["applied_updates"] == 7 and result.frozen.per_task == report.per_task
+    assert result["frozen"]["policy"] == "hold" and result.get("no_such_field") is None and len(result) == len(fields)
+    with pytest.raises(ValueError, match=r"result: missing fields \[\], unknown fields \['extra'\]"):
+        DownpourResult.from_dict({**fields, "extra": 1})
+
+
+def test_an_error_s_first_line_is_the_line_that_says_what_went_wrong():
+    remote = tf.errors.NotFoundError(None, None, ':UNKNOWN:Error received from peer  {grpc_status:5, grpc_message:" '
+                                                 '/d/train-1.tfrecord; No such file or directory\\n\\t [[{{node '
+                                                 'IteratorGetNext}}]]"}')
+    assert faults.first_line(remote) == "NotFoundError: /d/train-1.tfrecord; No such file or directory"
+    graph = tf.errors.NotFoundError(None, None, "Graph execution error:\n\nDetected at node X defined at (most recent "
+                                                "call last):\n  File \"a.py\", line 1\n\n/d/a; No such file\n\t "
+                                                "[[{{node X}}]] [Op:__inference_f_17]")
+    assert faults.first_line(graph) == "NotFoundError: /d/a; No such file"
+    autograph = NotImplementedError("in user code:\n\n    File \"w.py\", line 41\n\n    NotImplementedError: "
+                                    "numpy() is only available when eager execution is enabled.")
+    assert faults.first_line(autograph) == ("NotImplementedError: numpy() is only available when eager execution is "
+                                            "enabled.")
+
+
+def test_ps_tasks_take_their_thread_count_from_the_command_line():
+    from study.ps.cluster import server_config
+
+    assert server_config("ps", 2, ps_threads=3).intra_op_parallelism_threads == 3
+    assert server_config("ps", 2).intra_op_parallelism_threads == 1
+    assert server_config("worker", 2, worker_threads=2, ps_threads=3).intra_op_parallelism_threads == 2
+    spec = json.dumps({"cluster": {"ps": ["localhost:1"], "worker": ["localhost:2"]}, "task": {"type": "ps"}})
+    run = subprocess.run([sys.executable, "-m", "study.ps", "--ps-threads", "0"], capture_output=True, text=True,
+                         env=dict(os.environ, TF_CONFIG=spec), timeout=120)
+    assert run.returncode == 2 and run.stderr.strip() == "study.ps: --ps-threads: expected an integer >= 1; got 0"
+
+
+def test_a_model_with_two_outputs_trains_in_the_local_loop_and_evaluates_on_both(monkeypatch):
+    from study.ps.data import element_spec, eval_arrays, train_dataset
+    from study.ps.model import evaluate, make_loss
+    from study.ps.worker import gradient_kinds, worker_function
+
+    job = DownpourConfig(model="ps_hooks:two_outputs", data="ps_hooks:two_targets", loss="mse", optimizer="adam",
+                         learning_rate=0.01, batch=16, steps_per_function=4, eval_samples=64)
+    model = build_model(job)
+    ps = PsVariables(model, job)
+    ps.prepare(gradient_kinds(model, ps, job, element_spec(job)))
+    fn = worker_function(model, ps, job, lambda: tf.constant(0, tf.int32), timestamps=False)
+    x, y = eval_arrays(job)
+    assert set(y) == {"label", "score"}
+    before = evaluate(model, ps.values(), [], x, y, make_loss(job))
+    iterator = iter(train_dataset(job)(0, 1))
+    for _ in range(10):
+        fn(iterator)
+    after = evaluate(model, ps.values(), [], x, y, make_loss(job))
+    assert after["accuracy"] is None and after["loss"] < 0.7 * before["loss"]  # the sum of both outputs' losses

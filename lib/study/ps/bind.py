@@ -1,12 +1,18 @@
 """Listen on one address: a TensorFlow server restricted to loopback or to a private interface.
 
-TensorFlow 2.21's gRPC server always listens on every interface of its port: ``GrpcServer::Init``
-(``tensorflow/core/distributed_runtime/rpc/grpc_server_lib.cc``) calls ``AddListeningPort("0.0.0.0:<port>")``
+TensorFlow 2.21's gRPC server always listens on every interface of its port, IPv4 and IPv6: ``GrpcServer::Init``
+(``tensorflow/core/distributed_runtime/rpc/grpc_server_lib.cc``) calls ``AddListeningPort("[::]:<port>")``
 whatever host the task's address names, and no option changes that. A task started with ``--bind ADDRESS``
 therefore runs with a tiny ``LD_PRELOAD`` library (``SHIM_SOURCE``, built once with the system's C compiler into
 ``~/.cache/study-ps``) that turns that wildcard ``bind()`` into a bind to ``ADDRESS``; the task then reads
 ``/proc/net/tcp*`` and exits with an error unless its port listens on ``ADDRESS`` only (``check_listening``).
 Linux (glibc) only. Every other ``bind()`` passes through unchanged.
+
+Nothing falls back silently: without a compiler ``--bind`` stops with one message (``BindError``), and
+``LocalCluster`` refuses to start rather than listen more widely. The cached library is loaded only after a
+check: its file name carries the SHA-256 of the source, the compiler flags and the compiler, and a manifest
+next to it records that key and the library's own SHA-256; a library whose bytes or key differ is built again,
+and a cache folder that other users can write is refused.
 
 ``python -m study.ps --bind 127.0.0.1`` (one machine) or ``--bind 10.0.0.5`` (the machine's private address).
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
 import os
 import shutil
 import subprocess
@@ -89,36 +96,89 @@ def check_address(address: str) -> str:
                          f"private address such as 10.0.0.5); got {address!r}") from None
 
 
-def shim_path() -> Path:
-    """Where the built library is cached: ``$XDG_CACHE_HOME/study-ps`` (default ``~/.cache``), keyed by its source."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "study-ps"
-    digest = hashlib.sha256(SHIM_SOURCE.encode()).hexdigest()[:12]
-    return cache / f"libstudy_ps_bind-{digest}.so"
+FLAGS = ("-shared", "-fPIC", "-O2")
+"""The compiler flags the shim is built with (part of its cache key)."""
+LIBS = ("-ldl",)
+
+
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/study-ps`` (default ``~/.cache/study-ps``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "study-ps"
+
+
+def compiler() -> str | None:
+    """The C compiler to build the shim with: ``$CC``, else ``cc``, ``gcc`` or ``clang`` on ``PATH``; None if none."""
+    return next((shutil.which(c) for c in (os.environ.get("CC"), "cc", "gcc", "clang") if c and shutil.which(c)), None)
+
+
+def shim_key(cc: str | None = None) -> str:
+    """SHA-256 of the shim's source, flags and compiler path: what a cached library must have been built from."""
+    text = "\0".join([SHIM_SOURCE, *FLAGS, *LIBS, cc or compiler() or ""])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def shim_path(cc: str | None = None) -> Path:
+    """Where the built library is cached, named by ``shim_key``."""
+    return cache_dir() / f"libstudy_ps_bind-{shim_key(cc)[:16]}.so"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _check_cache_folder(folder: Path) -> None:
+    info = folder.stat()
+    if hasattr(os, "getuid") and (info.st_uid != os.getuid() or info.st_mode & 0o022):
+        raise BindError(f"--bind: refusing to load the bind() shim from {folder}: the folder belongs to another user "
+                        "or others can write to it; make it yours with mode 700, or set XDG_CACHE_HOME elsewhere")
+
+
+def cached_shim(cc: str | None = None) -> Path | None:
+    """The cached library if it passes its check (name, manifest, the library's SHA-256), else None."""
+    path = shim_path(cc)
+    manifest = path.with_suffix(".json")
+    if not path.is_file() or not manifest.is_file():
+        return None
+    _check_cache_folder(path.parent)
+    try:
+        recorded = json.loads(manifest.read_text())
+    except ValueError:
+        return None
+    if recorded.get("key") != shim_key(cc) or recorded.get("sha256") != _sha256(path):
+        return None
+    return path
 
 
 def build_shim() -> Path:
-    """Build the ``LD_PRELOAD`` library once (cached); a ``BindError`` says why it cannot. ``build_shim()``"""
+    """The checked ``LD_PRELOAD`` library, built once (cached); a ``BindError`` says why it cannot. ``build_shim()``"""
     if not sys.platform.startswith("linux"):
         raise BindError(f"--bind: works on Linux only (an LD_PRELOAD shim); this is {sys.platform}. TensorFlow's "
                         "server listens on every interface: keep the cluster on a private network or firewall it")
-    path = shim_path()
-    if path.is_file():
-        return path
-    compiler = next((c for c in (os.environ.get("CC"), "cc", "gcc", "clang") if c and shutil.which(c)), None)
-    if compiler is None:
-        raise BindError("--bind: needs a C compiler (cc, gcc or clang) to build a 60-line bind() shim once, because "
-                        "TensorFlow's server always listens on 0.0.0.0; install one, or leave --bind out and keep the "
-                        "cluster on a private network or behind a firewall")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    cc = compiler()
+    if cc is None:
+        raise BindError("--bind: needs a C compiler (cc, gcc or clang, or $CC) to build a 60-line bind() shim once, "
+                        "because TensorFlow's server always listens on every interface ([::]); install one, or leave "
+                        "--bind out and keep the cluster on a private network or behind a firewall")
+    found = cached_shim(cc)
+    if found is not None:
+        return found
+    path = shim_path(cc)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _check_cache_folder(path.parent)
     source = path.with_suffix(f".{os.getpid()}.c")
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     source.write_text(SHIM_SOURCE)
     try:
-        run = subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(source), "-ldl"],
-                             capture_output=True, text=True, timeout=120)
+        run = subprocess.run([cc, *FLAGS, "-o", str(tmp), str(source), *LIBS], capture_output=True, text=True,
+                             timeout=120)
         if run.returncode != 0:
-            raise BindError(f"--bind: building the bind() shim with {compiler} failed: {run.stderr.strip()[-500:]}")
+            raise BindError(f"--bind: building the bind() shim with {cc} failed: "
+                            f"{' '.join(run.stderr.strip().splitlines()[-1:])[-300:]}")
+        manifest = {"key": shim_key(cc), "sha256": _sha256(tmp), "compiler": cc, "flags": [*FLAGS, *LIBS]}
         os.replace(tmp, path)
+        tmp_manifest = path.with_suffix(f".{os.getpid()}.json")
+        tmp_manifest.write_text(json.dumps(manifest))
+        os.replace(tmp_manifest, path.with_suffix(".json"))
     finally:
         source.unlink(missing_ok=True)
         tmp.unlink(missing_ok=True)
@@ -126,7 +186,7 @@ def build_shim() -> Path:
 
 
 def available() -> bool:
-    """Whether ``--bind`` works here (Linux with a C compiler, or the library already built). ``available()``"""
+    """Whether ``--bind`` works here (Linux with a C compiler). ``available()``"""
     try:
         build_shim()
         return True

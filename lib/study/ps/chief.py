@@ -2,8 +2,10 @@
 exits with a code that says what happened (``run_chief``; started by ``python -m study.ps``).
 
 Only the chief imports the job's code (model, dataset function, loss, transform, masks): it traces them into
-the functions it sends, and the ps and worker tasks run those graphs. It reads the test split to evaluate
-snapshots; training data stays on the workers.
+the functions it sends, and the ps and worker tasks run those graphs. Before anything is trained it checks the
+data against the model: the specs of both splits, the test split it reads itself, and one batch that each worker
+reads from its own disk. It reads the test split to evaluate snapshots; training data stays on the workers.
+While training it says, once each, when a worker stops answering and when it is back.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import math
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -21,24 +24,29 @@ import numpy as np
 from study.ps import faults
 from study.ps.checkpoints import CheckpointStore, ResumeRefused, write_json_atomic
 from study.ps.config import DownpourConfig, optimizer_label
-from study.ps.variables import PsVariables, short_device
+from study.ps.result import DownpourResult, frozen_report
+from study.ps.variables import PsVariables, ps_devices, short_device
 
 PROG = "study.ps"
-RUN_CONTROL = ("kill_worker_at", "kill_ps_at", "kill_chief_at", "warmup_functions", "start_timeout",
-               "checkpoint_dir", "eval_every", "eval_samples", "keep_checkpoints")
+RUN_CONTROL = ("warmup_functions", "start_timeout", "checkpoint_dir", "eval_every", "eval_samples",
+               "keep_checkpoints")
 """Job fields that may differ between a run and its ``--resume`` (everything else must match the checkpoint)."""
+WORKER_POLL_S = 1.0
+"""How often the chief checks that every worker still answers (a TCP connect each)."""
 
 
-def _say(message: str) -> None:
+def _stderr(message: str) -> None:
     print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
 
-def run_chief(config: DownpourConfig, cluster: dict[str, list[str]], out: str | None = None,
-              resume: bool = False) -> int:
+def run_chief(config: DownpourConfig, cluster: dict[str, list[str]], out: str | None = None, resume: bool = False,
+              say: Callable[[str], None] = _stderr, where: str = "") -> int:
     """The coordinator's whole job (``python -m study.ps`` as chief); returns the exit code (``study.ps.faults``).
 
-    Every error ends here with one message and a code: 2 bad input (cluster, job, masks, a data file), 3 tasks
-    unreachable, 4 ``--resume`` refused, 75 a ps task lost, 1 anything else (with its traceback).
+    Every error ends here with one message (``say``; ``where`` is appended to failures: the log file's name) and a
+    code: 2 bad input (cluster, job, masks, data that does not fit the model or cannot be read), 3 tasks
+    unreachable, 4 ``--resume`` refused, 75 a ps task lost, 1 anything else (its traceback on standard error,
+    which ``python -m study.ps`` sends to the log file).
     """
     from study.ps.cluster import check_parameter_server_cluster, wait_for_tasks
     from study.ps.data import dataset_function
@@ -50,57 +58,63 @@ def run_chief(config: DownpourConfig, cluster: dict[str, list[str]], out: str | 
             raise ValueError("checkpoint_every: needs checkpoint_dir (a folder the chief can write)")
         dataset_function(config)
     except ValueError as e:
-        _say(str(e))
+        say(str(e))
         return faults.EXIT_BAD_INPUT
     try:
         wait_for_tasks(cluster, timeout=config.start_timeout)
     except TimeoutError as e:
-        _say(str(e))
+        say(str(e))
         return faults.EXIT_UNREACHABLE
-    trainer = _Chief(config, cluster, f"{out}.progress.json" if out else None)
+    trainer = _Chief(config, cluster, f"{out}.progress.json" if out else None, say)
     try:
         trainer.set_up(resume)
     except ResumeRefused as e:
-        _say(str(e))
+        say(str(e))
         return faults.EXIT_RESUME_REFUSED
     except ValueError as e:
-        _say(str(e))
+        if "\n" in str(e):  # not one of this package's one-line refusals: TensorFlow's, from tracing the job's code
+            return _failed(trainer, e, cluster, say, where)
+        say(str(e))
         return faults.EXIT_BAD_INPUT
     except Exception as e:  # noqa: BLE001 - every error ends with a message and an exit code
-        return _failed(trainer, e, cluster)
+        return _failed(trainer, e, cluster, say, where)
     try:
         result = trainer.train()
         if out:
-            write_json_atomic(out, result)
+            write_json_atomic(out, result.to_json())
     except Exception as e:  # noqa: BLE001
-        return _failed(trainer, e, cluster)
-    print(f"chief: done, {result['applied_updates']} updates in {result['seconds']:.1f} s", flush=True)
+        return _failed(trainer, e, cluster, say, where)
+    print(f"chief: done, {result.applied_updates} updates in {result.seconds:.1f} s", flush=True)
     return faults.EXIT_OK
 
 
-def _failed(trainer: _Chief, error: BaseException, cluster: dict[str, list[str]]) -> int:
-    """Classify an error of set-up or training, report it, and return the exit code."""
+def _failed(trainer: _Chief, error: BaseException, cluster: dict[str, list[str]], say: Callable[[str], None],
+            where: str) -> int:
+    """Classify an error of set-up or training, report it in one line, and return the exit code."""
+    traceback.print_exception(error, file=sys.stderr)  # the whole text, for the log file
     lost = faults.lost_ps_tasks(error, cluster["ps"])
     failure = trainer.record_failure(error, lost)
     if lost:
-        _say(f"{', '.join(lost)} lost ({failure['error']}); restart it, then the chief with --resume to continue "
-             f"from the checkpoint of update {failure['checkpoint_version']}")
+        say(f"{', '.join(lost)} lost ({failure['error'][:160]}); restart it, then the chief with --resume to "
+            f"continue from the checkpoint of update {failure['checkpoint_version']}{where}")
         return faults.EXIT_PS_LOST
     missing = faults.data_error(error)
     if missing is not None:
-        _say(f"data: a data file cannot be read ({faults.first_line(missing)}); each worker reads the training "
-             f"files that data_kwargs names from its own disk, and the chief reads the test split")
+        say(f"data: a data file cannot be read ({faults.first_line(missing)}); each worker reads the training "
+            f"files that data_kwargs names from its own disk, and the chief reads the test split{where}")
         return faults.EXIT_BAD_INPUT
-    traceback.print_exception(error, limit=-6, file=sys.stderr)
-    _say(f"the chief failed: {failure['error']}")  # last, where a reader of the log looks first
+    say(f"the chief failed: {failure['error']}{where}")
     return faults.EXIT_FAILED
 
 
 class _Chief:
     """Build, schedule, poll, checkpoint, evaluate: the chief's side of one job (runs in the chief process)."""
 
-    def __init__(self, config: DownpourConfig, cluster: dict[str, list[str]], progress: str | None):
-        self.config, self.cluster, self.progress_path = config, cluster, progress
+    def __init__(self, config: DownpourConfig, cluster: dict[str, list[str]], progress: str | None,
+                 say: Callable[[str], None] = _stderr):
+        self.config, self.cluster, self.progress_path, self.say = config, cluster, progress, say
+        self.workers_down: set[str] = set()
+        self.workers_checked = 0.0
         self.state: dict[str, Any] = {"functions_done": 0, "records": [], "curve": [], "elapsed": 0.0,
                                       "attempts": [], "checkpoints": [], "samples": {}, "foreign_samples": 0}
         self.last_version = 0
@@ -137,26 +151,30 @@ class _Chief:
         return failure
 
     def set_up(self, resume: bool) -> None:
-        """Connect, put the variables on the ps, restore a checkpoint (``resume``), ship the data and the loop."""
+        """Connect, check the data against the model, put the variables on the ps, restore a checkpoint
+        (``resume``), ship the data and the loop."""
         import tensorflow as tf
 
-        from study.ps.data import eval_arrays, train_dataset
+        from study.ps.data import train_dataset
         from study.ps.model import build_model, make_loss
-        from study.ps.worker import worker_function
+        from study.ps.worker import gradient_kinds, worker_function
 
         config, cluster = self.config, self.cluster
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc")
-        partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
-            min_shard_bytes=config.shard_min_bytes, max_shards=config.ps)
-        strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+        strategy = tf.distribute.ParameterServerStrategy(resolver)
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
         self.log("connected")
         self.model = build_model(config)
+        spec = self.check_data()
         self.initial = [v.numpy() for v in self.model.trainable_variables]
-        self.ps = ps = PsVariables(self.model, config, strategy)
+        # the variables and the optimizer on the ps tasks, created with no strategy in force (study.ps.variables)
+        self.ps = ps = PsVariables(self.model, config, ps_devices(config.ps))
+        self.sparse = gradient_kinds(self.model, ps, config, spec)
+        ps.prepare(self.sparse)
         self.log(f"variables on the ps; optimizer {optimizer_label(config.optimizer)}"
-                 + (f", {len(ps.masks)} masked variables" if ps.masks else ""))
+                 + (f", {len(ps.masks)} masked variables" if ps.masks else "")
+                 + (f", sparse gradients for {sum(self.sparse)}" if any(self.sparse) else ""))
         self.checkpoint = ps.checkpoint()
         # the chief reads and writes every checkpoint file itself (by default each ps task would write its own
         # shard on its own disk), so checkpoint_dir has to exist only where the chief runs
@@ -178,7 +196,6 @@ class _Chief:
             "restored_functions": self.state["functions_done"] if self.restored is not None else 0})
         self.write_progress()
 
-        self.x_test, self.y_test = eval_arrays(config)
         self.loss = make_loss(config)
         workers, make = config.workers, train_dataset(config)
         graph = tf.Graph()
@@ -190,7 +207,44 @@ class _Chief:
         self.fn = worker_function(self.model, ps, config, tf.distribute.coordinator.experimental_get_current_worker_index)
         self.log(f"dataset graph {self.dataset_graph_bytes} bytes; the loop is on the workers")
 
-    def train(self) -> dict[str, Any]:
+    def check_data(self) -> Any:
+        """Check both splits' specs, the test split (read here) and one batch on every worker (read from its disk)
+        against the model's inputs; a ``ValueError`` with one line naming the files, the expected and the found
+        shape. Returns the training data's ``(x, y)`` spec."""
+        from study.ps.data import check_split, check_workers, eval_arrays, split_files
+
+        config, model = self.config, self.model
+        spec = check_split(model, config, "train")
+        check_split(model, config, "test")
+        try:
+            self.x_test, self.y_test = eval_arrays(config)
+        except Exception as e:  # noqa: BLE001 - a file the chief cannot read, or cannot parse
+            raise ValueError(f"data: the chief cannot read the test split ({', '.join(split_files(config, 'test'))})"
+                             f": {faults.first_line(e)}") from None
+        check_workers(model, config, len(self.cluster["worker"]))
+        self.log(f"data checked against the model's inputs on the chief and on {len(self.cluster['worker'])} "
+                 f"worker(s)")
+        return spec
+
+    def watch_workers(self) -> None:
+        """Say once when a worker stops answering (its functions go to the others) and once when it is back."""
+        from study.ps.cluster import reachable
+
+        now = time.monotonic()
+        if now - self.workers_checked < WORKER_POLL_S:
+            return
+        self.workers_checked = now
+        for i, address in enumerate(self.cluster["worker"]):
+            name, up = f"worker:{i}", reachable(address, timeout=0.2)
+            if not up and name not in self.workers_down:
+                self.workers_down.add(name)
+                self.say(f"{name} ({address}) lost; its functions go to the other workers, and the coordinator uses "
+                         "it again when it is back: start it again with its command")
+            elif up and name in self.workers_down:
+                self.workers_down.discard(name)
+                self.log(f"{name} ({address}) answers again")
+
+    def train(self) -> DownpourResult:
         """Schedule every function, poll the counter, evaluate, checkpoint; return the measurements."""
         config, ps, coordinator = self.config, self.ps, self.coordinator
         assert ps is not None
@@ -212,6 +266,7 @@ class _Chief:
             scheduled = [coordinator.schedule(self.fn, args=(self.iterator,)) for _ in range(done, end)]
             while not coordinator.done():
                 time.sleep(0.1)
+                self.watch_workers()
                 self.last_version = int(ps.version.numpy())
                 self.write_progress(in_flight=end - done, steady=steady_from is not None)
                 if next_eval is not None and self.last_version >= next_eval:
@@ -250,6 +305,7 @@ class _Chief:
             self.state["foreign_samples"] = None if foreign < 0 else self.state["foreign_samples"] + foreign
         self.state["records"].append({
             "worker": worker, "versions": np.asarray(value["versions"]).tolist(),
+            "pushed_bytes": int(np.sum(value["pushed_bytes"])),
             "staleness": np.asarray(value["staleness"]).tolist(), "loss": np.asarray(value["loss"]).tolist(),
             "started": float(value["started"]), "ended": float(value["ended"]), "returned_s": seconds})
 
@@ -265,27 +321,7 @@ class _Chief:
                               self.loss, self.config.from_logits)
             self.state["curve"].append({"applied_updates": version, "seconds": seconds, **scores})
 
-    def _frozen(self, final: list[np.ndarray]) -> dict[str, Any] | None:
-        """Bits changed in frozen entries (and entries changed elsewhere) between the model's start and the end."""
-        assert self.ps is not None
-        if not self.ps.masks:
-            return None
-        per_variable = {}
-        for i, keep in self.ps.masks.items():
-            start, end = self.initial[i], final[i]
-            keep = np.broadcast_to(keep, start.shape)
-            differs = start.view(f"u{start.dtype.itemsize}") != end.view(f"u{end.dtype.itemsize}")  # bit for bit
-            per_variable[self.ps.paths[i]] = {
-                "frozen_entries": int((~keep).sum()), "frozen_changed": int((differs & ~keep).sum()),
-                "trainable_entries": int(keep.sum()), "trainable_changed": int((differs & keep).sum())}
-        rows = per_variable.values()
-        return {"frozen_entries": sum(r["frozen_entries"] for r in rows),
-                "frozen_changed_bits": sum(r["frozen_changed"] for r in rows),
-                "masked_trainable_entries": sum(r["trainable_entries"] for r in rows),
-                "masked_trainable_changed": sum(r["trainable_changed"] for r in rows), "per_variable": per_variable,
-                "mask_placement": self.ps.optimizer.mask_placement, "policy": self.config.mask_policy}
-
-    def _result(self, elapsed: float, steady_from: tuple | None, final: tuple) -> dict[str, Any]:
+    def _result(self, elapsed: float, steady_from: tuple | None, final: tuple) -> DownpourResult:
         config, records, ps = self.config, self.state["records"], self.ps
         assert ps is not None
         final_version = final[0]
@@ -294,7 +330,8 @@ class _Chief:
             t0, f0, v0 = steady_from
             window = time.perf_counter() - t0
             steps = (len(records) - f0) * config.steps_per_function
-            steady = {"steady_seconds": window, "steady_steps": steps, "steady_updates": final_version - v0,
+            steady = {"steady_from_function": f0, "steady_seconds": window, "steady_steps": steps,
+                      "steady_updates": final_version - v0,
                       "steps_per_s": steps / window if window > 0 else float("nan"),
                       "updates_per_s": (final_version - v0) / window if window > 0 else float("nan")}
             intervals = [(r["started"], r["ended"]) for r in records[f0:]]
@@ -306,32 +343,32 @@ class _Chief:
         for row in layout:
             for shard in row["shards"]:
                 per_task[shard["task"]] = per_task.get(shard["task"], 0) + shard["bytes"]
-        staleness = [s for r in records for s in r["staleness"]]
         returned_pushes = sum(len(r["versions"]) for r in records)
         versions = [v for r in records for v in r["versions"]]
         curve = self.state["curve"]
-        return {
-            "config": asdict(config),
-            "scheduled_functions": config.functions, "returned_functions": len(records),
-            "scheduled_steps": config.functions * config.steps_per_function,
-            "returned_steps": len(records) * config.steps_per_function,
-            "returned_updates": returned_pushes, "applied_updates": final_version,
-            "distinct_versions": len(set(versions)) == len(versions),
-            "seconds": elapsed, **steady,
-            "staleness": staleness, "curve": curve,
-            "steady_from_function": steady_from[1] if steady_from is not None else None,
-            "function_times": [[r["worker"], r["started"], r["ended"]] for r in records],
-            "final_accuracy": curve[-1]["accuracy"] if curve else None,
-            "final_loss": curve[-1]["loss"] if curve else None,
-            "loss_first": float(np.mean(records[0]["loss"])) if records else None,
-            "loss_last": float(np.mean(records[-1]["loss"])) if records else None,
-            "functions_per_worker": {str(w): sum(r["worker"] == w for r in records)
-                                     for w in sorted({r["worker"] for r in records})},
-            "samples_per_worker": dict(self.state["samples"]),
-            "samples_shared_between_workers": self.state["foreign_samples"],
-            "dataset_graph_bytes": self.dataset_graph_bytes,
-            "placement": layout, "bytes_per_task": per_task, "optimizer_bytes_per_task": ps.optimizer_placement(),
-            "optimizer": optimizer_label(config.optimizer), "frozen": self._frozen(final[1]),
-            "attempts": self.state["attempts"], "checkpoints": self.state["checkpoints"],
-            "parameters": int(sum(math.prod(r["shape"]) for r in layout[:len(ps.paths)])),
-        }
+        trainable_bytes = sum(row["bytes"] for row in layout[:len(ps.paths)])
+        return DownpourResult(
+            config=asdict(config), scheduled_functions=config.functions, returned_functions=len(records),
+            scheduled_steps=config.functions * config.steps_per_function,
+            returned_steps=len(records) * config.steps_per_function,
+            returned_updates=returned_pushes, applied_updates=final_version,
+            distinct_versions=len(set(versions)) == len(versions), seconds=elapsed,
+            staleness=[s for r in records for s in r["staleness"]], curve=curve,
+            function_times=[[r["worker"], r["started"], r["ended"]] for r in records],
+            final_accuracy=curve[-1]["accuracy"] if curve else None, final_loss=curve[-1]["loss"] if curve else None,
+            loss_first=float(np.mean(records[0]["loss"])) if records else None,
+            loss_last=float(np.mean(records[-1]["loss"])) if records else None,
+            functions_per_worker={str(w): sum(r["worker"] == w for r in records)
+                                  for w in sorted({r["worker"] for r in records})},
+            samples_per_worker=dict(self.state["samples"]),
+            samples_shared_between_workers=self.state["foreign_samples"],
+            dataset_graph_bytes=self.dataset_graph_bytes,
+            pushed_bytes=sum(r.get("pushed_bytes", 0) for r in records),
+            dense_push_bytes=returned_pushes * trainable_bytes,
+            placement=layout, bytes_per_task=per_task, optimizer_bytes_per_task=ps.optimizer_placement(),
+            optimizer=optimizer_label(config.optimizer),
+            sparse_variables=[p for p, sparse in zip(ps.paths, self.sparse) if sparse],
+            frozen=frozen_report(self.initial, final[1], ps.masks, ps.paths, layout, ps.optimizer.mask_placement,
+                                 config.mask_policy),
+            attempts=self.state["attempts"], checkpoints=self.state["checkpoints"],
+            parameters=int(sum(math.prod(r["shape"]) for r in layout[:len(ps.paths)])), **steady)

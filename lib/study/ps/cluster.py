@@ -6,14 +6,15 @@ several; only ``TF_CONFIG`` differs (``python -m study.ps``, see ``study.ps.role
     TF_CONFIG='{"cluster": {"chief": ["host0:2222"], "ps": ["host1:2222"], "worker": ["host2:2222"]},
                 "task": {"type": "worker", "index": 0}}' python -m study.ps
 
-Each worker computes on one core: ``intra_op_parallelism_threads=1`` and, where the OS allows it,
+Each worker computes on one core by default: ``intra_op_parallelism_threads=1`` and, where the OS allows it,
 ``os.sched_setaffinity`` to core ``index % cores``. Without that limit every worker's runtime spreads its
-ops over every core, so on a 2-core machine a second worker adds contention instead of compute.
+ops over every core, so on a 2-core machine a second worker adds contention instead of compute. A ps task
+applies updates on ``ps_threads`` intra-op threads (default 1).
 
 **Security.** A TensorFlow server speaks unauthenticated gRPC and runs any graph it is sent (TensorFlow's
 SECURITY.md): whoever reaches its port can read and write every variable and run code in the task. TensorFlow
-2.21's server listens on every interface of its port (``grpc_server_lib.cc`` binds ``0.0.0.0``); ``study.ps.bind``
-restricts it to one address. Run a cluster on a private network only.
+2.21's server listens on every interface of its port, IPv4 and IPv6 (``grpc_server_lib.cc`` binds ``[::]``);
+``study.ps.bind`` restricts it to one address. Run a cluster on a private network only.
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
-JOBS = ("chief", "ps", "worker", "evaluator")
+JOBS = ("chief", "ps", "worker")
+"""The jobs of a parameter-server cluster. TensorFlow also knows ``evaluator``; here the chief evaluates
+snapshots itself (``eval_every``), so a ``TF_CONFIG`` that names an evaluator is refused."""
 ENTRY_POINT = ("-m", "study.ps")
 """What ``LocalCluster`` runs for every task: ``python -m study.ps`` with the task's ``TF_CONFIG``."""
 
@@ -44,10 +48,13 @@ def parse_tf_config(text: str | None = None) -> dict[str, Any]:
     if not isinstance(cluster, dict) or not cluster:
         raise ValueError("TF_CONFIG: 'cluster' must map job names (worker, ps, ...) to lists of 'host:port'")
     for job, addresses in cluster.items():
+        if job == "evaluator":
+            raise ValueError("TF_CONFIG: study.ps has no evaluator task (the chief evaluates snapshots of the ps "
+                             "itself, every eval_every updates); remove 'evaluator' from the cluster")
         if job not in JOBS:
             raise ValueError(f"TF_CONFIG: unknown job {job!r}; allowed: {', '.join(JOBS)}")
         if not isinstance(addresses, list) or not addresses or not all(
-                isinstance(a, str) and a.rpartition(":")[2].isdigit() and a.rpartition(":")[0] for a in addresses):
+                isinstance(a, str) and _valid_address(a) for a in addresses):
             raise ValueError(f"TF_CONFIG: cluster[{job!r}] must be a non-empty list of 'host:port'; got {addresses!r}")
     if len(cluster.get("chief", [])) > 1:
         raise ValueError(f"TF_CONFIG: a cluster has at most one chief; got {cluster['chief']!r}")
@@ -57,6 +64,25 @@ def parse_tf_config(text: str | None = None) -> dict[str, Any]:
     if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(cluster[task["type"]]):
         raise ValueError(f"TF_CONFIG: 'task.index' must be 0..{len(cluster[task['type']]) - 1}; got {index!r}")
     return {"cluster": cluster, "task": {"type": task["type"], "index": index}}
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` or ``"[v6 address]:port"`` -> ``(host, port)``, brackets removed.
+
+    ``split_address("[::1]:2222") == ("::1", 2222)``
+    """
+    host, _, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def _valid_address(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    if not port.isdigit() or not host or not 0 < int(port) < 65536:
+        return False
+    bracketed = host.startswith("[") and host.endswith("]")
+    return bracketed or ":" not in host  # an IPv6 address needs its brackets, as in TensorFlow's own addresses
 
 
 def check_parameter_server_cluster(cluster: dict[str, list[str]]) -> None:
@@ -73,10 +99,10 @@ def task_names(cluster: dict[str, list[str]], jobs: tuple[str, ...] = ("ps", "wo
 
 
 def reachable(address: str, timeout: float = 0.5) -> bool:
-    """Whether a TCP connection to ``host:port`` succeeds. ``reachable("localhost:22")``"""
-    host, _, port = address.rpartition(":")
+    """Whether a TCP connection to ``host:port`` (or ``[v6]:port``) succeeds. ``reachable("[::1]:22")``"""
+    host, port = split_address(address)
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
+        with socket.create_connection((host, port), timeout=timeout):
             return True
     except OSError:
         return False
@@ -111,8 +137,9 @@ def limit_to_one_core(index: int) -> str:
     return f"pinned to core {core} of {len(cores)}"
 
 
-def server_config(job: str, workers: int, worker_threads: int = 1) -> Any:
-    """The ``ConfigProto`` of a task's server: workers compute on ``worker_threads`` threads. ``server_config("worker", 2)``
+def server_config(job: str, workers: int, worker_threads: int = 1, ps_threads: int = 1) -> Any:
+    """The ``ConfigProto`` of a task's server: workers compute on ``worker_threads`` intra-op threads, ps tasks
+    apply updates on ``ps_threads``. ``server_config("worker", 2)``
 
     ``inter_op_parallelism_threads`` stays above the number of workers: with fewer, two or more workers hang on a
     2-core machine (see the guide). It schedules independent ops; with one intra-op thread and one pinned core it
@@ -122,42 +149,78 @@ def server_config(job: str, workers: int, worker_threads: int = 1) -> Any:
 
     inter = max(4, workers + 1)
     if job in ("worker", "ps"):
-        return tf.compat.v1.ConfigProto(intra_op_parallelism_threads=worker_threads if job == "worker" else 1,
+        return tf.compat.v1.ConfigProto(intra_op_parallelism_threads=worker_threads if job == "worker" else ps_threads,
                                         inter_op_parallelism_threads=inter)
     return tf.compat.v1.ConfigProto(inter_op_parallelism_threads=inter)
 
 
-def serve(config: dict[str, Any] | None = None, orphan_guard: bool = False, worker_threads: int = 1,
-          pin: bool = True, bind: str | None = None) -> None:
-    """Run one ps or worker task's ``tf.distribute.Server`` until killed. ``serve(parse_tf_config())``
+class ServeError(RuntimeError):
+    """A ps or worker task cannot serve (its port is in use, its server does not start); the message says which."""
 
-    A worker computes on ``worker_threads`` intra-op threads and, with ``pin`` and one thread, on one core.
-    ``bind``: the address the task must listen on, checked once it listens (``study.ps.bind``; the process must
-    have been started with ``study.ps.bind.environment``). ``orphan_guard`` (set by ``LocalCluster``) ends the
-    task when its launcher dies. Prints ``serving <job>:<i> at grpc://...; listening on ...``.
+
+def serve(config: dict[str, Any] | None = None, orphan_guard: bool = False, worker_threads: int = 1,
+          pin: bool = True, bind: str | None = None, ps_threads: int = 1,
+          say: Callable[[str], None] = print, chief_poll_s: float = 1.0) -> None:
+    """Run one ps or worker task's ``tf.distribute.Server`` until the process is ended. ``serve(parse_tf_config())``
+
+    A worker computes on ``worker_threads`` intra-op threads and, with ``pin`` and one thread, on one core; a ps
+    task on ``ps_threads``. ``bind``: the address the task must listen on, checked once it listens
+    (``study.ps.bind``; the process must have been started with ``study.ps.bind.environment``).
+    ``orphan_guard`` (set by ``LocalCluster``) ends the task when its launcher dies. Prints ``serving <job>:<i>
+    at grpc://...; listening on ...``; then ``say`` s one line each time the chief's address stops answering
+    (the chief finished or was lost). Raises ``ServeError`` when the server cannot start (a port in use).
     """
     from study.ps import bind as bind_address
 
     config = config or parse_tf_config()
     job, index = config["task"]["type"], config["task"]["index"]
+    address = config["cluster"][job][index]
+    port = split_address(address)[1]
     limits = ""
     if job == "worker":
         limits = f"; intra-op threads {worker_threads}"
         if pin and worker_threads == 1:
             limits += "; " + limit_to_one_core(index)
+    elif job == "ps":
+        limits = f"; intra-op threads {ps_threads}"
     import tensorflow as tf
 
     workers = len(config["cluster"].get("worker", []))
-    server = tf.distribute.Server(tf.train.ClusterSpec(config["cluster"]), job_name=job, task_index=index,
-                                  protocol="grpc", config=server_config(job, workers, worker_threads), start=True)
-    port = int(config["cluster"][job][index].rpartition(":")[2])
+    try:
+        server = tf.distribute.Server(tf.train.ClusterSpec(config["cluster"]), job_name=job, task_index=index,
+                                      protocol="grpc", start=True,
+                                      config=server_config(job, workers, worker_threads, ps_threads))
+    except (tf.errors.OpError, RuntimeError, ValueError) as e:
+        if listening_elsewhere(port):
+            raise ServeError(f"{job}:{index} cannot listen on port {port} ({address}): the port is in use by another "
+                             "process; stop it or give this task another port in TF_CONFIG") from None
+        raise ServeError(f"{job}:{index} cannot start its server on {address}: "
+                         f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
     if bind is not None:
         bind_address.check_listening(port, bind)
     print(f"serving {job}:{index} at {server.target}; listening on "
           f"{bind_address.describe(bind_address.listening(port, own=True))}{limits}", flush=True)
     if orphan_guard:
         exit_with_parent()
-    server.join()
+    chief = (config["cluster"].get("chief") or [None])[0]
+    seen = False
+    while True:  # instead of server.join(), which never returns to Python: the chief is watched from here
+        time.sleep(chief_poll_s)
+        if chief is None:
+            continue
+        up = reachable(chief, timeout=min(0.5, chief_poll_s))
+        if seen and not up:
+            say(f"{job}:{index}: the chief ({chief}) has gone (finished, or lost); this task keeps serving: start "
+                "the chief again, with --resume to continue from its last checkpoint")
+        seen = up
+    del server  # pragma: no cover - the loop ends only with the process
+
+
+def listening_elsewhere(port: int) -> bool:
+    """Whether another process listens on TCP ``port`` here (any address). ``listening_elsewhere(22)``"""
+    from study.ps import bind as bind_address
+
+    return bool(bind_address.listening(port)) or reachable(f"localhost:{port}", timeout=0.2)
 
 
 def exit_with_parent() -> None:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ KERAS_OPTIMIZERS = ("adadelta", "adafactor", "adam", "adamax", "adamw", "ftrl", 
 dict ``{"class_name": "SGD", "config": {"momentum": 0.9}}``)."""
 MASK_POLICIES = ("hold", "reset", "none")
 """``freezing.MaskedOptimizer``'s policies (``"hold"``: frozen entries and their optimizer state keep their bits)."""
+FAULT_FIELDS = ("kill_worker_at", "kill_ps_at", "kill_chief_at")
+"""Fault injection is not part of a job: ``run_downpour(job, faults=Faults(...))`` (``study.ps.launcher``)."""
 
 
 def load_callable(spec: str, name: str) -> Callable[..., Any]:
@@ -68,6 +71,10 @@ def job_from_dict(fields: dict[str, Any]) -> DownpourConfig:
     import dataclasses
 
     allowed = [f.name for f in dataclasses.fields(DownpourConfig)]
+    injected = sorted(set(fields) & set(FAULT_FIELDS))
+    if injected:
+        raise ValueError(f"--job: {', '.join(injected)} injects faults for experiments and is not a job field; "
+                         "from Python: run_downpour(job, faults=Faults(worker_at=..., ps_at=..., chief_at=...))")
     unknown = sorted(set(fields) - set(allowed))
     if unknown:
         raise ValueError(f"--job: unknown field{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}; "
@@ -87,7 +94,7 @@ class DownpourConfig:
     ``DownpourConfig(workers=2, n_fetch=4, n_push=4, steps_per_function=8)``
 
     Counts: a *step* is one minibatch on one worker; an *update* is one push applied on the ps (the version
-    counter). ``kill_*_at``, ``eval_every`` and ``checkpoint_every`` count updates.
+    counter). ``eval_every`` and ``checkpoint_every`` count updates.
 
     What is trained:
 
@@ -96,7 +103,8 @@ class DownpourConfig:
     * ``data``: a dataset function ``"module:function"`` called as ``fn(split, **data_kwargs)`` with ``split``
       ``"train"`` or ``"test"``, returning an unbatched ``tf.data.Dataset`` of ``(x, y)`` that reads its files
       when it runs (``FixedLengthRecordDataset``, ``TFRecordDataset``, ``CsvDataset``...), so that each worker
-      reads them from its own disk. When it also takes ``worker`` and ``workers`` it shards the training data
+      reads them from its own disk. ``x`` and ``y`` may be tensors or dicts / lists of tensors (a model with
+      several inputs or outputs); they are checked against the model's inputs before training. When it also takes ``worker`` and ``workers`` it shards the training data
       itself; else every worker keeps every ``workers``-th element. None: the study's MNIST (``run_downpour``
       writes it as IDX files for ``study.ps.data:idx``).
     * ``loss``: None (sparse categorical cross-entropy, ``from_logits``), a Keras loss name or config dict, or a
@@ -109,6 +117,11 @@ class DownpourConfig:
       returning ``{path: keep}`` for the built model, ``masks_kwargs``): stored masks of
       ``freezing.MaskedOptimizer`` around the Keras optimizer, with ``mask_policy``; frozen entries do not move.
     * ``local_learning_rate``: the workers' local SGD steps between fetches (None: ``learning_rate``).
+    * ``sparse_push``: a gradient that arrives as ``tf.IndexedSlices`` (an ``Embedding``'s) is pushed as the rows
+      it touches, each once (True, default), or as a dense tensor (False, for comparison).
+
+    ``kill_worker_at``, ``kill_ps_at``, ``kill_chief_at`` are accepted from Python for older callers only
+    (deprecated, not fields): pass ``run_downpour(job, faults=Faults(...))`` instead.
     """
 
     model: str = "study.models:deep_mnist_cnn"
@@ -135,6 +148,7 @@ class DownpourConfig:
     mask_policy: str = "hold"
     transform: str | None = None
     transform_kwargs: dict = field(default_factory=dict)
+    sparse_push: bool = True
     shard_min_bytes: int = 256 * 1024
     seed: int = 0
     eval_every: int = 0
@@ -142,13 +156,20 @@ class DownpourConfig:
     checkpoint_every: int = 0
     checkpoint_dir: str | None = None
     keep_checkpoints: int = 2
-    kill_worker_at: int | None = None
-    kill_ps_at: int | None = None
-    kill_chief_at: int | None = None
     warmup_functions: int | None = None
     start_timeout: float = 120.0
+    kill_worker_at: InitVar[int | None] = None
+    kill_ps_at: InitVar[int | None] = None
+    kill_chief_at: InitVar[int | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, kill_worker_at: int | None = None, kill_ps_at: int | None = None,
+                      kill_chief_at: int | None = None) -> None:
+        legacy = {k: v for k, v in (("worker_at", kill_worker_at), ("ps_at", kill_ps_at), ("chief_at", kill_chief_at))
+                  if v is not None}
+        if legacy:  # kept out of the fields: not in asdict(), the job file, the checkpoint's job or the result
+            warnings.warn("DownpourConfig(kill_*_at=...) is deprecated: fault injection is not part of a job; use "
+                          "run_downpour(job, faults=Faults(...))", DeprecationWarning, stacklevel=3)
+            object.__setattr__(self, "_legacy_faults", legacy)
         for name in ("workers", "ps", "steps", "n_fetch", "n_push", "steps_per_function", "batch",
                      "shuffle_buffer", "shard_min_bytes", "eval_samples", "keep_checkpoints"):
             check_positive_int(name, getattr(self, name))
@@ -187,16 +208,10 @@ class DownpourConfig:
             raise ValueError(f"freeze/masks: need a Keras optimizer on the ps (freezing.MaskedOptimizer wraps it), "
                              f"e.g. 'adam' or {{'class_name': 'SGD'}}; Downpour's own {self.optimizer!r} takes no "
                              f"masks")
+        if not isinstance(self.sparse_push, bool):
+            raise ValueError(f"sparse_push: expected true or false; got {self.sparse_push!r}")
         if self.warmup_functions is not None:
             check_positive_int("warmup_functions", self.warmup_functions)
-        for name in ("kill_worker_at", "kill_ps_at", "kill_chief_at"):
-            if getattr(self, name) is not None:
-                check_positive_int(name, getattr(self, name))
-        if self.kill_worker_at is not None and self.workers < 2:
-            raise ValueError("kill_worker_at: needs workers >= 2, so that training can go on without one")
-        for name in ("kill_ps_at", "kill_chief_at"):
-            if getattr(self, name) is not None and not self.checkpoint_every:
-                raise ValueError(f"{name}: needs checkpoint_every > 0, so that the job can come back from a checkpoint")
 
     def _check_optimizer(self) -> None:
         allowed = (f"{', '.join(map(repr, DOWNPOUR_OPTIMIZERS))} (Downpour's), a Keras optimizer name "

@@ -18,6 +18,7 @@ import argparse
 import inspect
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -96,53 +97,237 @@ def shards_itself(config: DownpourConfig) -> bool:
     return "worker" in parameters and "workers" in parameters
 
 
-def train_dataset(config: DownpourConfig) -> Callable[[Any, int], Any]:
-    """``make(worker, workers)``: worker ``worker``'s shard of the training data as ``(x, y, sample id)`` batches,
-    shuffled and repeated.
-
-    ``make`` is called inside ``ClusterCoordinator.create_per_worker_dataset``, where ``worker`` is the call-time
-    index that the coordinator fills in per worker (the job's code is resolved here, before tracing). Without
-    self-sharding, sample id = position in the whole dataset, and worker ``w`` reads the ids ``i`` with
-    ``i % workers == w``.
-    """
+def worker_shard(config: DownpourConfig) -> Callable[[Any, int], Any]:
+    """``shard(worker, workers)``: worker ``worker``'s part of the training data as ``(x, y, sample id)``, unbatched,
+    in file order. Without self-sharding, sample id = position in the whole dataset, and worker ``w`` reads the ids
+    ``i`` with ``i % workers == w``."""
     import tensorflow as tf
 
     fn, itself = dataset_function(config), shards_itself(config)
 
-    def make(worker: Any, workers: int) -> Any:
-        worker = tf.cast(worker, tf.int64)
+    def shard(worker: Any, workers: int) -> Any:
         if itself:
             ds = fn("train", worker=worker, workers=workers).enumerate()
-            ds = ds.map(lambda i, xy: (xy[0], xy[1], worker * INDEX_STRIDE + i))
-        else:
-            ds = fn("train").enumerate().shard(workers, worker).map(lambda i, xy: (xy[0], xy[1], i))
-        return (ds.shuffle(config.shuffle_buffer, seed=config.seed).repeat()
+            first = tf.cast(worker, tf.int64) * INDEX_STRIDE
+            return ds.map(lambda i, xy: (xy[0], xy[1], first + i))
+        return fn("train").enumerate().shard(workers, tf.cast(worker, tf.int64)).map(lambda i, xy: (xy[0], xy[1], i))
+
+    return shard
+
+
+def train_dataset(config: DownpourConfig) -> Callable[[Any, int], Any]:
+    """``make(worker, workers)``: worker ``worker``'s shard of the training data as ``(x, y, sample id)`` batches,
+    shuffled and repeated (``worker_shard``).
+
+    ``make`` is called inside ``ClusterCoordinator.create_per_worker_dataset``, where ``worker`` is the call-time
+    index that the coordinator fills in per worker (the job's code is resolved here, before tracing).
+    """
+    shard = worker_shard(config)
+
+    def make(worker: Any, workers: int) -> Any:
+        return (shard(worker, workers).shuffle(config.shuffle_buffer, seed=config.seed).repeat()
                 .batch(config.batch, drop_remainder=True).prefetch(2))
 
     return make
 
 
-def input_spec(config: DownpourConfig) -> tuple[tuple[int | None, ...], Any]:
-    """``(shape, dtype)`` of one input ``x`` of the training data (builds the dataset's graph; reads nothing)."""
+def element_spec(config: DownpourConfig, split: str = "train") -> tuple[Any, Any]:
+    """``(x spec, y spec)`` of one unbatched element of ``split`` (builds the dataset's graph; reads nothing). ``x``
+    and ``y`` are ``tf.TensorSpec`` s or dicts / lists of them."""
     if config.data is None:
         import tensorflow as tf
 
-        return (28, 28, 1), tf.float32
-    spec = dataset_function(config)("train", **({"worker": 0, "workers": 1} if shards_itself(config) else {}))
-    x_spec = spec.element_spec[0]
-    return tuple(x_spec.shape), x_spec.dtype
+        return tf.TensorSpec((28, 28, 1), tf.float32), tf.TensorSpec((), tf.int32)
+    extra = {"worker": 0, "workers": 1} if split == "train" and shards_itself(config) else {}
+    spec = dataset_function(config)(split, **extra).element_spec
+    if not isinstance(spec, tuple) or len(spec) != 2:
+        raise ValueError(f"data: {config.data}({split!r}) must give (x, y) elements; got {spec}")
+    return spec[0], spec[1]
 
 
-def eval_arrays(config: DownpourConfig) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``eval_samples`` test samples as NumPy arrays, read by the chief to evaluate snapshots."""
+def eval_arrays(config: DownpourConfig) -> tuple[Any, Any]:
+    """The first ``eval_samples`` test samples as NumPy arrays (or dicts / lists of them), read by the chief."""
+    import tensorflow as tf
+
     test = dataset_function(config)("test")
     xs, ys = [], []
     for x, y in test.take(config.eval_samples).batch(1000):
-        xs.append(x.numpy())
-        ys.append(y.numpy())
+        xs.append(tf.nest.map_structure(lambda t: t.numpy(), x))
+        ys.append(tf.nest.map_structure(lambda t: t.numpy(), y))
     if not xs:
         raise ValueError(f"data: the test split of {config.data} is empty")
-    return np.concatenate(xs), np.concatenate(ys)
+    return (tf.nest.map_structure(lambda *parts: np.concatenate(parts), *xs),
+            tf.nest.map_structure(lambda *parts: np.concatenate(parts), *ys))
+
+
+READERS_INPUT = "filenames"
+"""The input that names the files of TensorFlow's file-reading datasets (``TFRecordDataset``, ``CsvDataset``...)."""
+PURE_OPS = frozenset({"Const", "Identity", "StringJoin", "AsString", "Cast", "Pack", "ConcatV2", "StringFormat",
+                      "Add", "AddV2", "Reshape"})
+"""Ops a file name may be computed with for ``dataset_files`` to work it out on the chief (no file is touched)."""
+
+
+def dataset_files(make: Callable[[], Any]) -> list[str]:
+    """The files a dataset reads, where its graph names them as constants or computes them from constants
+    (``"train-" + as_string(worker)``): ``make()`` builds the dataset in a fresh graph; nothing is read.
+    ``dataset_files(lambda: fn("train"))``"""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        make()
+    tensors = []
+    for op in graph.get_operations():
+        names = [arg.name for arg in op.op_def.input_arg] if op.op_def is not None else []
+        if READERS_INPUT in names:  # a reader that takes its files directly (CsvDataset)
+            tensors.append(op.inputs[names.index(READERS_INPUT)])
+        elif op.type == "TensorSliceDataset" and op.inputs and op.inputs[0].dtype == tf.string and any(
+                "FlatMap" in c.type or "Interleave" in c.type for c in op.outputs[0].consumers()):
+            tensors.append(op.inputs[0])  # TFRecordDataset, FixedLengthRecordDataset: one reader per file
+    files: list[str] = []
+    for tensor in tensors:
+        value = tf.get_static_value(tensor)
+        if value is None and _pure(tensor.op):
+            with tf.compat.v1.Session(graph=graph) as session:
+                value = session.run(tensor)
+        if value is not None:
+            files += [f.decode() if isinstance(f, bytes) else str(f) for f in np.atleast_1d(value)]
+    return list(dict.fromkeys(files))
+
+
+def _pure(op: Any, seen: set | None = None) -> bool:
+    seen = set() if seen is None else seen
+    if op.name in seen:
+        return True
+    seen.add(op.name)
+    return op.type in PURE_OPS and all(_pure(t.op, seen) for t in op.inputs)
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One input: its name, its shape per sample (None where any size fits) and its dtype name."""
+
+    name: str
+    shape: tuple[int | None, ...]
+    dtype: str
+
+    def describe(self) -> str:
+        dims = ", ".join("None" if d is None else str(d) for d in self.shape)
+        return f"({dims}{',' if len(self.shape) == 1 else ''})"
+
+
+def model_inputs(model: Any) -> Any:
+    """The model's inputs as a structure (a ``Leaf``, or a dict / list of them), or None when it declares none."""
+    import tensorflow as tf
+
+    try:
+        inputs = model.input
+    except (AttributeError, ValueError):
+        return None
+    return tf.nest.map_structure(lambda t: Leaf(str(getattr(t, "name", "input")), tuple(t.shape[1:]),
+                                                tf.as_dtype(t.dtype).name), inputs)
+
+
+def spec_leaves(spec: Any) -> Any:
+    """A structure of ``tf.TensorSpec`` (per sample) -> the same structure of ``Leaf``."""
+    import tensorflow as tf
+
+    return tf.nest.map_structure(lambda s: Leaf("", tuple(s.shape), s.dtype.name), spec)
+
+
+def _kind(dtype: str) -> str:
+    import tensorflow as tf
+
+    d = tf.as_dtype(dtype)
+    return "float" if d.is_floating else "integer" if d.is_integer else "bool" if d.is_bool else d.name
+
+
+def mismatch(model: Any, x: Any, where: str) -> str | None:
+    """One line saying how ``x`` (a structure of ``Leaf``: shapes per sample and dtypes) differs from the model's
+    inputs, naming ``where`` the data comes from; None when it fits (a None dimension fits any size; an integer
+    dtype fits any integer dtype, a float any float)."""
+    import tensorflow as tf
+
+    expected = model_inputs(model)
+    if expected is None:
+        return None
+    if isinstance(x, dict) and isinstance(expected, dict):
+        if set(x) != set(expected):
+            return f"{where} gives the inputs {sorted(x)}; the model expects {sorted(expected)}"
+        pairs = [(name, expected[name], x[name]) for name in sorted(x)]
+    elif isinstance(x, dict):
+        by_name = {leaf.name: leaf for leaf in tf.nest.flatten(expected)}
+        if set(x) != set(by_name):
+            return f"{where} gives the inputs {sorted(x)}; the model's inputs are named {sorted(by_name)}"
+        pairs = [(name, by_name[name], x[name]) for name in sorted(x)]
+    else:
+        want, found = tf.nest.flatten(expected), tf.nest.flatten(x)
+        if len(want) != len(found):
+            return f"{where} gives {len(found)} input(s); the model expects {len(want)}"
+        pairs = [(w.name, w, f) for w, f in zip(want, found)]
+    for name, want, found in pairs:
+        what = "x" if len(pairs) == 1 else f"x[{name!r}]"
+        fits = len(want.shape) == len(found.shape) and all(
+            a is None or b is None or a == b for a, b in zip(want.shape, found.shape))
+        if not fits:
+            return (f"{where} gives {what} of shape {found.describe()} per sample; the model's input {want.name!r} "
+                    f"expects {want.describe()}")
+        if _kind(found.dtype) != _kind(want.dtype):
+            return f"{where} gives {what} as {found.dtype}; the model's input {want.name!r} expects {want.dtype}"
+    return None
+
+
+def split_files(config: DownpourConfig, split: str, worker: int = 0, workers: int = 1) -> list[str]:
+    """The files ``split`` reads (for ``"train"``: worker ``worker``'s shard), as far as its graph names them."""
+    if split == "train":
+        shard = worker_shard(config)
+        files = dataset_files(lambda: shard(worker, workers))
+    else:
+        files = dataset_files(lambda: dataset_function(config)(split))
+    return files or [f"the files of data_kwargs {config.data_kwargs}"]
+
+
+def check_split(model: Any, config: DownpourConfig, split: str) -> tuple[Any, Any]:
+    """The ``(x, y)`` spec of ``split``; a ``ValueError`` (one line: files, expected and found shape) when ``x`` does
+    not fit the model's inputs."""
+    spec = element_spec(config, split)
+    files = ", ".join(split_files(config, split))
+    problem = mismatch(model, spec_leaves(spec[0]), f"data: the {split} split ({files})")
+    if problem:
+        raise ValueError(problem)
+    return spec
+
+
+def check_workers(model: Any, config: DownpourConfig, workers: int) -> None:
+    """Read one batch of its shard on every worker, from its own disk, and check it against the model's inputs; a
+    ``ValueError`` with one line naming the worker, its files and what is wrong (a file missing or unreadable, a
+    shape that does not fit)."""
+    import tensorflow as tf
+
+    from study.ps.faults import first_line
+
+    shard = worker_shard(config)
+    dtypes = tf.nest.map_structure(lambda s: s.dtype.name, element_spec(config)[0])
+    for worker in range(workers):
+        files = ", ".join(split_files(config, "train", worker, workers))
+
+        def probe(worker: int = worker) -> Any:
+            x, _, _ = next(iter(shard(tf.constant(worker, tf.int64), workers).batch(config.batch)))
+            return tf.nest.map_structure(tf.shape, x)
+
+        try:
+            with tf.device(f"/job:worker/replica:0/task:{worker}/device:CPU:0"):
+                shapes = tf.function(probe)()
+        except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError, tf.errors.DataLossError,
+                tf.errors.OutOfRangeError) as e:
+            empty = isinstance(e, tf.errors.OutOfRangeError)
+            what = "has no training data" if empty else "cannot read its training data"
+            raise ValueError(f"data: worker:{worker} {what} ({files}): {first_line(e)}") from None
+        found = tf.nest.map_structure(lambda shape, dtype: Leaf("", tuple(int(d) for d in shape.numpy()[1:]), dtype),
+                                      shapes, dtypes)
+        problem = mismatch(model, found, f"data: worker:{worker} reads {files}, which")
+        if problem:
+            raise ValueError(problem)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,12 +76,25 @@ def lost_ps_tasks(error: BaseException, ps_addresses: list[str], probe: Callable
 
 
 def first_line(error: BaseException, limit: int = 300) -> str:
-    """``"Type: first line of the message"``, at most ``limit`` characters, without TensorFlow's
-    ``{{function_node ...}}`` prefix and ``[Op:...]`` suffix."""
+    """``"Type: the message's first line"``, at most ``limit`` characters, without TensorFlow's
+    ``{{function_node ...}}`` prefix and ``[Op:...]`` suffix; for a ``Graph execution error:`` the line that says
+    what went wrong, after the "Detected at node ..." trace; for a remote task's error, the message inside gRPC's
+    wrapper; for autograph's ``in user code:``, its last line."""
     text = str(getattr(error, "message", None) or error)
     text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
     text = re.sub(r"\s*\[Op:[^\]]*\].*$", "", text, flags=re.S).strip()
-    text = f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+    grpc = re.search(r'grpc_message:"\s*(.*?)(\\n|\n|")', text)  # a remote task's error, inside gRPC's wrapper
+    if grpc:
+        text = grpc.group(1)
+    lines = [line for line in text.splitlines() if line.strip()]
+    if lines and lines[0].startswith("Graph execution error") and len(lines) > 1:
+        told = [line for line in lines[1:] if not line.startswith((" ", "\t", "Detected at node", "[["))]
+        lines = told[-1:] or lines
+    elif lines and lines[0].strip() == "in user code:" and len(lines) > 1:  # autograph: the error is the last line
+        lines = lines[-1:]
+    line = lines[0].strip() if lines else ""
+    named = re.match(r"^\w+(Error|Exception): ", line)  # the line names its own type already
+    text = line if named else f"{type(error).__name__}: {line}" if line else type(error).__name__
     return text[:limit]
 
 

@@ -1,10 +1,11 @@
 """``run_downpour``: one job on a ``LocalCluster``, with faults injected and every restart done for you.
 
-The chief is ``python -m study.ps`` with the chief's ``TF_CONFIG``, like every task. Faults for experiments:
-``kill_worker_at`` kills worker 0 (a supervisor would start it again; the coordinator reconnects);
-``kill_ps_at`` kills a ps task (one that does not hold the update counter, when there are two), restarts it and
-the chief with ``--resume``; ``kill_chief_at`` kills the chief and restarts it with ``--resume``. A job that names
-no data trains the study's MNIST, written as IDX files into the run's temporary folder for ``study.ps.data:idx``.
+The chief is ``python -m study.ps`` with the chief's ``TF_CONFIG``, like every task. Faults for experiments are
+not part of the job: ``run_downpour(job, faults=Faults(worker_at=..., ps_at=..., chief_at=...))``. ``worker_at``
+kills worker 0 (a supervisor would start it again; the coordinator reconnects); ``ps_at`` kills a ps task (one
+that does not hold the update counter, when there are two), restarts it and the chief with ``--resume``;
+``chief_at`` kills the chief and restarts it with ``--resume``. A job that names no data trains the study's
+MNIST, written as IDX files into the run's temporary folder for ``study.ps.data:idx``.
 
 ``run_downpour(DownpourConfig(workers=2, ps=2, n_fetch=4, n_push=4, steps_per_function=8))``
 """
@@ -16,13 +17,48 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from study.ps.faults import EXIT_PS_LOST
 from study.ps.config import DownpourConfig
 from study.ps.local import LocalCluster
+from study.ps.result import DownpourResult
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Faults ``run_downpour`` injects, each at an update count (None: never). ``Faults(worker_at=6, ps_at=36)``
+
+    ``worker_at`` kills worker 0 and starts it again; ``ps_at`` kills a ps task once the counter is past both
+    ``ps_at`` and the last checkpoint, restarts it, then the chief with ``--resume``; ``chief_at`` kills the chief
+    and restarts it with ``--resume``.
+    """
+
+    worker_at: int | None = None
+    ps_at: int | None = None
+    chief_at: int | None = None
+
+    def check(self, config: DownpourConfig) -> None:
+        """A ``ValueError`` when the job cannot survive these faults (one worker; no checkpoints)."""
+        from freezing.validation import check_positive_int
+
+        for name in ("worker_at", "ps_at", "chief_at"):
+            if getattr(self, name) is not None:
+                check_positive_int(f"faults.{name}", getattr(self, name))
+        if self.worker_at is not None and config.workers < 2:
+            raise ValueError("faults.worker_at: needs workers >= 2, so that training can go on without one")
+        for name in ("ps_at", "chief_at"):
+            if getattr(self, name) is not None and not config.checkpoint_every:
+                raise ValueError(f"faults.{name}: needs checkpoint_every > 0, so that the job can come back from a "
+                                 "checkpoint")
+
+    @classmethod
+    def of(cls, config: DownpourConfig) -> Faults:
+        """The faults an older caller gave as ``DownpourConfig(kill_*_at=...)`` (deprecated)."""
+        legacy = getattr(config, "_legacy_faults", {})
+        return cls(**legacy)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -45,26 +81,26 @@ def _study_mnist(seed: int, folder: Path) -> dict[str, Any]:
     return {"data": "study.ps.data:idx", "data_kwargs": {"folder": str(write_study_mnist(folder, seed))}}
 
 
-def run_downpour(config: DownpourConfig, cluster: Any = None, timeout_s: float = 600.0) -> dict[str, Any]:
+def run_downpour(config: DownpourConfig, cluster: Any = None, timeout_s: float = 600.0,
+                 faults: Faults | None = None) -> DownpourResult:
     """Run one job on a ``LocalCluster`` (a new one, or ``cluster`` with enough tasks) and return its measurements.
 
     The chief is ``python -m study.ps`` with the chief's ``TF_CONFIG`` (the job's first ``ps`` and
-    ``workers`` tasks). Faults: ``kill_worker_at`` kills worker 0; ``kill_ps_at`` kills a ps task (one that does
-    not hold the version counter, when there are two) once the counter is past both ``kill_ps_at`` and the last
-    checkpoint (so the kill loses updates that the restart must redo), restarts it, and restarts the chief with
-    ``--resume``;
-    ``kill_chief_at`` kills the chief and restarts it with ``--resume``. Tasks found dead are restarted before a job.
-    ``run_downpour(DownpourConfig(workers=2, steps=200))``
+    ``workers`` tasks). ``faults`` (``Faults``) are injected as the job runs (a ps kill waits until the counter is
+    past the last checkpoint, so the kill loses updates that the restart must redo); every restart is done here.
+    Tasks found dead are restarted before a job. A chief that fails ends this with a ``RuntimeError`` of one line
+    naming its log. ``run_downpour(DownpourConfig(workers=2, steps=200))``
     """
+    faults = faults if faults is not None else Faults.of(config)
+    faults.check(config)
     if cluster is None:
         with LocalCluster(config.workers, config.ps, start_timeout=config.start_timeout) as own:
-            result = _launch(config, own, timeout_s)
-        result["pids"] = own.pids
-        return result
-    return _launch(config, cluster, timeout_s)
+            result = _launch(config, own, timeout_s, faults)
+        return dataclasses.replace(result, pids=own.pids)
+    return _launch(config, cluster, timeout_s, faults)
 
 
-def _launch(config: DownpourConfig, cluster: Any, timeout_s: float) -> dict[str, Any]:
+def _launch(config: DownpourConfig, cluster: Any, timeout_s: float, injected: Faults) -> DownpourResult:
     if len(cluster.spec["worker"]) < config.workers or len(cluster.spec["ps"]) < config.ps:
         raise ValueError(f"run_downpour: the cluster has {len(cluster.spec['worker'])} worker and "
                          f"{len(cluster.spec['ps'])} ps tasks; the job needs {config.workers} and {config.ps}")
@@ -86,8 +122,8 @@ def _launch(config: DownpourConfig, cluster: Any, timeout_s: float) -> dict[str,
         args = ("--job", str(job_path), "--out", str(out))
         chief = cluster.start_chief(args, spec=spec)
         started = time.monotonic()
-        faults = [f for f in (("worker", 0, config.kill_worker_at), ("ps", None, config.kill_ps_at),
-                              ("chief", 0, config.kill_chief_at)) if f[2] is not None]
+        faults = [f for f in (("worker", 0, injected.worker_at), ("ps", None, injected.ps_at),
+                              ("chief", 0, injected.chief_at)) if f[2] is not None]
         events: list[dict[str, Any]] = []
         ps_down: tuple[int, float] | None = None
         cpu_steady: dict[str, float | None] | None = None
@@ -148,22 +184,25 @@ def _launch(config: DownpourConfig, cluster: Any, timeout_s: float) -> dict[str,
                 ps_down = None
                 chief = cluster.start_chief(args + ("--resume",), spec=spec)
                 continue
-            raise RuntimeError(f"run_downpour: the chief failed (exit {code}): {cluster.log_tail('chief', 0, 1500)}")
-        result = json.loads(out.read_text())
-    result["faults"] = events
+            said = [line for line in cluster.log_tail("chief", 0, 4000).splitlines() if line.startswith("study.ps:")]
+            how = f"killed by signal {-code}" if code < 0 else f"exit {code}"
+            last = said[-1] if said else f"it said nothing (full log: {cluster.full_log('chief', 0)})"
+            raise RuntimeError(f"run_downpour: the chief failed ({how}): {last}")
+        result = DownpourResult.from_dict(json.loads(out.read_text()))
     cpu_after = {name: cpu_seconds(pid) for name, pid in tasks.items()}
 
     def used(start: dict[str, float | None] | None, end: dict[str, float | None] | None) -> dict[str, float | None]:
         return {name: (None if not start or not end or start[name] is None or end[name] is None
                        else end[name] - start[name]) for name in tasks}
 
-    result["task_cpu_s"] = used(cpu_before, cpu_after)  # CPU seconds of each server task during the job
-    result["steady_task_cpu_s"] = used(cpu_steady, cpu_finished)  # ... during the timed (steady) window
-    result["pids"] = cluster.pids
-    result["worker_limits"] = (f"each worker: intra_op_parallelism_threads={cluster.worker_threads}"
-                               + (", pinned to one core (os.sched_setaffinity)" if cluster.pin_workers
-                                  and cluster.worker_threads == 1 and hasattr(os, "sched_setaffinity") else ""))
-    return result
+    return dataclasses.replace(
+        result, faults=events,
+        task_cpu_s=used(cpu_before, cpu_after),  # CPU seconds of each server task during the job
+        steady_task_cpu_s=used(cpu_steady, cpu_finished),  # ... during the timed (steady) window
+        pids=cluster.pids,
+        worker_limits=(f"each worker: intra_op_parallelism_threads={cluster.worker_threads}"
+                       + (", pinned to one core (os.sched_setaffinity)" if cluster.pin_workers
+                          and cluster.worker_threads == 1 and hasattr(os, "sched_setaffinity") else "")))
 
 
 def _read_json(path: Path) -> dict[str, Any]:

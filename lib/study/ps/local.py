@@ -4,7 +4,10 @@
 ``TF_CONFIG``), one process per task, and always ends them, on error and on interrupt too: a
 ``tf.distribute.Server`` cannot be shut down from inside its process. ``GRPC_FAIL_FAST=use_caller`` is set for
 every task, as the TensorFlow tutorial does. With ``bind="auto"`` (default) every task listens on 127.0.0.1 only
-where ``study.ps.bind`` can restrict it (Linux with a C compiler), else on every interface of its port.
+(``study.ps.bind``, Linux with a C compiler); where that cannot be enforced ``LocalCluster`` refuses to start,
+naming why, unless ``bind=None`` accepts TensorFlow's default of every interface. Each task's terminal output
+(its one-line messages) goes to ``<logs>/<job><index>.log``, the rest of its output (TensorFlow's) to
+``<logs>/<job>-<index>-<port>.log``.
 
 ``with LocalCluster(workers=2, ps=2) as cluster: run_downpour(DownpourConfig(workers=2, ps=2), cluster)``
 """
@@ -54,19 +57,26 @@ class LocalCluster:
     On enter it starts every ps and worker task (``python -m study.ps`` with its ``TF_CONFIG``) and waits
     until they listen. The chief's address is reserved in the spec; ``start_chief(args)`` runs the coordinator
     through the same entry point. ``kill`` and ``restart`` are for fault experiments. ``bind``: ``"auto"``
-    (127.0.0.1 where it can be enforced), an address, or None (TensorFlow's default: every interface).
+    (127.0.0.1, else a ``BindError`` saying why it cannot be enforced), an address, or None (TensorFlow's
+    default: every interface, IPv4 and IPv6). ``ps_threads``: intra-op threads of each ps task.
     """
 
     def __init__(self, workers: int = 1, ps: int = 1, ports: list[int] | None = None, start_timeout: float = 60.0,
-                 worker_threads: int = 1, pin_workers: bool = True, bind: str | None = "auto"):
+                 worker_threads: int = 1, pin_workers: bool = True, bind: str | None = "auto", ps_threads: int = 1):
         from freezing.validation import check_positive_int
 
-        if bind == "auto":
-            bind = "127.0.0.1" if bind_address.available() else None
-        self.bind = bind_address.check_address(bind) if bind is not None else None
         check_positive_int("workers", workers)
         check_positive_int("ps", ps)
         check_positive_int("worker_threads", worker_threads)
+        check_positive_int("ps_threads", ps_threads)
+        if bind == "auto":
+            try:
+                bind_address.build_shim()
+            except bind_address.BindError as e:
+                raise bind_address.BindError(f"LocalCluster: cannot keep the tasks on loopback ({e}); pass bind=None "
+                                             "to let them listen on every interface instead") from None
+            bind = "127.0.0.1"
+        self.bind = bind_address.check_address(bind) if bind is not None else None
         n = workers + ps + 1
         ports = list(ports) if ports is not None else free_ports(n)
         if len(ports) != n:
@@ -79,6 +89,7 @@ class LocalCluster:
                      "worker": [f"localhost:{p}" for p in ports[:workers]]}
         self.start_timeout = start_timeout
         self.worker_threads = worker_threads
+        self.ps_threads = ps_threads
         self.pin_workers = pin_workers
         self.processes: dict[tuple[str, int], subprocess.Popen] = {}
         self.logs = Path(tempfile.mkdtemp(prefix="freezing-cluster-"))
@@ -110,9 +121,11 @@ class LocalCluster:
 
     def command(self, job: str, index: int, args: tuple[str, ...] = ()) -> list[str]:
         """The command line of one task (its environment adds ``TF_CONFIG``). ``cluster.command("ps", 0)``"""
-        flags = ["--local"] + (["--bind", self.bind] if self.bind else [])
+        flags = ["--local", "--log-dir", str(self.logs)] + (["--bind", self.bind] if self.bind else [])
         if job == "worker":
             flags += ["--worker-threads", str(self.worker_threads)] + ([] if self.pin_workers else ["--no-pin"])
+        if job == "ps":
+            flags += ["--ps-threads", str(self.ps_threads)]
         return [sys.executable, *ENTRY_POINT, *flags, *args]
 
     def _start(self, job: str, index: int, args: tuple[str, ...] = (),
@@ -171,9 +184,24 @@ class LocalCluster:
         return self._start("chief", 0, tuple(args), spec)
 
     def log_tail(self, job: str, index: int, chars: int = 400) -> str:
-        """The end of one task's log. ``cluster.log_tail("worker", 0)``"""
+        """The end of what one task wrote to its terminal (its messages). ``cluster.log_tail("worker", 0)``"""
         path = self.logs / f"{job}{index}.log"
         return path.read_text(errors="replace")[-chars:] if path.is_file() else ""
+
+    def said(self, job: str, index: int) -> str:
+        """What one task wrote to its terminal since it was last started. ``cluster.said("chief", 0)``"""
+        path = self.logs / f"{job}{index}.log"
+        if not path.is_file():
+            return ""
+        with open(path, errors="replace") as log:
+            log.seek(self._log_offsets.get((job, index), 0))
+            return log.read()
+
+    def full_log(self, job: str, index: int) -> Path:
+        """The file with the rest of one task's output (TensorFlow's, tracebacks). ``cluster.full_log("ps", 0)``"""
+        from study.ps.console import log_name
+
+        return self.logs / log_name(job, index, self.spec[job][index].rpartition(":")[2])
 
     def kill(self, job: str, index: int) -> None:
         """Kill one task now (a fault experiment). ``cluster.kill("worker", 1)``"""

@@ -20,59 +20,77 @@ def build_model(config: DownpourConfig, input_shape: Sequence[int | None] | None
     ``build_model(DownpourConfig())``
     """
     import keras
+    import tensorflow as tf
 
-    from study.ps.data import input_spec
+    from study.ps.data import element_spec
 
     keras.utils.set_random_seed(config.seed)
     model = load_callable(config.model, "model")(**config.model_kwargs)
     if not isinstance(model, keras.Model):
         raise ValueError(f"model: {config.model} returned {type(model).__name__}, not a keras.Model")
     if not model.built:
-        shape = input_shape if input_shape is not None else input_spec(config)[0]
-        model.build((None, *shape))
+        if input_shape is not None:
+            model.build((None, *input_shape))
+        else:
+            model.build(tf.nest.map_structure(lambda s: (None, *s.shape), element_spec(config)[0]))
     return model
 
 
 def make_loss(config: DownpourConfig) -> Callable[[Any, Any], Any]:
-    """``loss(y_true, y_pred)`` -> a scalar (the mean over the batch) for the job's ``loss``."""
+    """``loss(y_true, y_pred)`` -> a scalar (the mean over the batch) for the job's ``loss``.
+
+    A ``"module:function"`` loss gets ``y_true`` and ``y_pred`` as they are (dicts or lists for a model with several
+    outputs). A Keras loss (or the default) is applied to each output and its label, and the means are added:
+    ``y`` must then have the structure of the model's output.
+    """
     import keras
     import tensorflow as tf
 
-    if config.loss is None:
-        fn = keras.losses.SparseCategoricalCrossentropy(from_logits=config.from_logits)
-    elif isinstance(config.loss, str) and ":" in config.loss:
-        fn = load_callable(config.loss, "loss")
-    else:
-        fn = keras.losses.get(config.loss)
+    if isinstance(config.loss, str) and ":" in config.loss:
+        hook = load_callable(config.loss, "loss")
+        return lambda y_true, y_pred: tf.reduce_mean(hook(y_true, y_pred))
+    fn = (keras.losses.SparseCategoricalCrossentropy(from_logits=config.from_logits) if config.loss is None
+          else keras.losses.get(config.loss))
 
     def loss(y_true: Any, y_pred: Any) -> Any:
-        return tf.reduce_mean(fn(y_true, y_pred))
+        if not tf.nest.is_nested(y_pred):
+            return tf.reduce_mean(fn(y_true, y_pred))
+        tf.nest.assert_same_structure(y_true, y_pred)
+        return tf.add_n([tf.reduce_mean(fn(t, p)) for t, p in zip(tf.nest.flatten(y_true), tf.nest.flatten(y_pred))])
 
     return loss
 
 
-def evaluate(model: Any, trainable: Sequence[np.ndarray], state: Sequence[np.ndarray], x: np.ndarray, y: np.ndarray,
+def evaluate(model: Any, trainable: Sequence[np.ndarray], state: Sequence[np.ndarray], x: Any, y: Any,
              loss: Callable[[Any, Any], Any], from_logits: bool = True, batch: int = 500) -> dict[str, float | None]:
-    """Mean loss and, for class labels, accuracy of ``model`` run on these values.
+    """Mean loss and, for class labels and one output, accuracy of ``model`` run on these values.
 
-    ``state`` is the model's full non-trainable state (``PsVariables.full_state``). Accuracy: the arg-max of a
-    ``(batch, classes)`` output against integer labels, or a single output against 0/1 labels, thresholded at 0
-    (``from_logits``) or 0.5; None for anything else (a regression).
+    ``x`` and ``y``: arrays, or dicts / lists of arrays (several inputs or outputs). ``state`` is the model's full
+    non-trainable state (``PsVariables.full_state``). Accuracy: the arg-max of a ``(batch, classes)`` output
+    against integer labels, or a single output against 0/1 labels, thresholded at 0 (``from_logits``) or 0.5;
+    None for anything else (a regression, several outputs).
     """
     import tensorflow as tf
 
     weights = [tf.constant(w) for w in trainable]
     full = [tf.constant(s) for s in state]
-    total, correct, classes = 0.0, 0, np.issubdtype(y.dtype, np.integer)
-    for start in range(0, len(x), batch):
-        xb, yb = x[start:start + batch], y[start:start + batch]
-        out = model.stateless_call(weights, full, tf.constant(xb), training=False)[0]
-        total += float(loss(tf.constant(yb), out)) * len(xb)
-        scores, labels = out.numpy().reshape(len(xb), -1), yb.reshape(len(xb), -1)
+    n = len(tf.nest.flatten(x)[0])
+    total, correct = 0.0, 0
+    classes = not tf.nest.is_nested(y) and np.issubdtype(y.dtype, np.integer)
+    for start in range(0, n, batch):
+        xb = tf.nest.map_structure(lambda a: tf.constant(a[start:start + batch]), x)
+        yb = tf.nest.map_structure(lambda a: a[start:start + batch], y)
+        out = model.stateless_call(weights, full, xb, training=False)[0]
+        size = len(tf.nest.flatten(yb)[0])
+        total += float(loss(tf.nest.map_structure(tf.constant, yb), out)) * size
+        if not classes or tf.nest.is_nested(out):
+            classes = False
+            continue
+        scores, labels = out.numpy().reshape(size, -1), yb.reshape(size, -1)
         if scores.shape[1] > 1 and labels.shape[1] == 1:
             correct += int(np.sum(np.argmax(scores, axis=1) == labels[:, 0]))
         elif scores.shape[1] == 1 and labels.shape[1] == 1 and np.isin(labels, (0, 1)).all():
             correct += int(np.sum((scores[:, 0] > (0.0 if from_logits else 0.5)) == labels[:, 0].astype(bool)))
         else:
             classes = False
-    return {"loss": total / max(1, len(x)), "accuracy": correct / len(x) if classes and len(x) else None}
+    return {"loss": total / max(1, n), "accuracy": correct / n if classes and n else None}

@@ -1,23 +1,24 @@
 """The optimizer on the ps: Downpour's own update rules, or any Keras optimizer, optionally with frozen entries.
 
 ``PsOptimizer.apply(pieces)`` runs inside the scheduled worker function and applies one push, one gradient
-piece per shard, on the ps task that holds each shard:
+piece per shard (a dense tensor, or a ``tf.IndexedSlices`` of the rows it touches), on the ps task that holds
+each shard:
 
-* ``"sgd"``: ``v -= lr * T(g)`` (``freezing.gradients.apply``); ``"adagrad"``: DistBelief's per-parameter
-  Adagrad, ``v -= lr * g / sqrt(sum of g^2)``, its sums next to their shard. Both under ``tf.device(shard)``.
-* any Keras optimizer: built over the shards inside the strategy's scope, where Keras' TensorFlow optimizer
-  creates every slot next to its shard (``colocate_vars_with``); applied inside ``strategy.run``, because a Keras 3
-  optimizer needs a replica context (outside it, ``merge_call`` fails), and ``ParameterServerStrategy.update``
-  then runs each shard's ``update_step`` on that shard's task.
-* with ``freeze`` or ``masks``: ``freezing.MaskedOptimizer`` around the Keras optimizer, one stored mask per
-  shard; frozen entries, and their slots under ``"hold"``, keep their bits whichever worker pushes.
+* ``"sgd"``: ``v -= lr * T(g)``; ``"adagrad"``: DistBelief's per-parameter Adagrad, ``v -= lr * g / sqrt(sum of
+  g^2)``, its sums next to their shard. Both under ``tf.device(shard)``; a sparse piece is a scatter.
+* any Keras optimizer: **one optimizer per ps task**, over that task's shards, created and built under
+  ``tf.device(task)`` with no ``tf.distribute`` strategy in force, so its slots and step counter live on that
+  task. With ``freeze`` or ``masks`` it is a ``freezing.MaskedOptimizer`` with that task's pieces of the masks
+  stored in it (``set_mask``): every masked write reads its mask on the task that writes. Each task's update is a
+  ``tf.function`` traced once outside the strategy (``prepare``), and the worker function calls it: a Keras
+  optimizer applies there exactly as in a custom loop on one machine, nothing of the library is bypassed, and
+  ``freezing.MaskedOptimizer``'s own refusal of ``ParameterServerStrategy`` stays in force.
 
 ``resolve_masks(config, model)`` turns a job's ``freeze`` and ``masks`` into ``{variable path: keep}``.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,120 +78,148 @@ def split_mask(keep: np.ndarray, shards: Sequence[Any], full_shape: Sequence[int
 class PsOptimizer:
     """Applies pushes to the shards on the ps with the job's optimizer; see the module docstring.
 
-    ``shards[i]`` are the pieces of trainable variable ``i`` (axis 0 split over ps tasks); ``masks`` maps a
-    variable index to its keep mask (only with a Keras optimizer). ``strategy`` None: local variables (the
-    single-process baseline and unit tests).
+    ``shards[i]`` are the pieces of trainable variable ``i`` (axis 0 split over ps tasks; each a ``tf.Variable``
+    placed on its task, or local); ``masks`` maps a variable index to its keep mask (only with a Keras optimizer).
     """
 
-    def __init__(self, config: DownpourConfig, shards: list[list[Any]], strategy: Any = None,
-                 masks: dict[int, np.ndarray] | None = None):
+    def __init__(self, config: DownpourConfig, shards: list[list[Any]], masks: dict[int, np.ndarray] | None = None):
         import tensorflow as tf
 
-        self.config, self.shards, self.strategy = config, shards, strategy
+        self.config, self.shards = config, shards
         self.flat = [s for row in shards for s in row]
+        self.owner = [i for i, row in enumerate(shards) for _ in row]  # flat index -> variable index
         self.downpour = isinstance(config.optimizer, str) and config.optimizer in DOWNPOUR_OPTIMIZERS
         self.masks = dict(masks or {})
-        self.accumulators: list[list[Any]] = []
-        self.optimizer: Any = None
-        self.mask_placement = None
-        scope = strategy.scope if strategy is not None else contextlib.nullcontext
+        self.accumulators: list[Any] = []
+        self.tasks: dict[str, list[int]] = {}  # device of a ps task ("" locally) -> flat indices of its shards
+        for k, shard in enumerate(self.flat):
+            self.tasks.setdefault(shard.device, []).append(k)
+        self.optimizers: dict[str, Any] = {}
+        self._updates: dict[str, Any] = {}
+        self._sparse: list[bool] | None = None
         if self.downpour:
             if self.masks:
                 raise ValueError("masks: need a Keras optimizer on the ps; Downpour's own sgd/adagrad take none")
             if config.optimizer == "adagrad":  # one sum of g^2 next to each shard
-                with scope():
-                    for row in shards:
-                        self.accumulators.append([self._colocated(shard, lambda s=shard: tf.Variable(
-                            tf.fill(s.shape, config.adagrad_initial), trainable=False,
-                            name=f"{s.name.split(':')[0]}_adagrad")) for shard in row])
+                for shard in self.flat:
+                    with tf.device(shard.device):
+                        self.accumulators.append(tf.Variable(tf.fill(shard.shape, config.adagrad_initial),
+                                                             trainable=False,
+                                                             name=f"{shard.name.split(':')[0]}_adagrad"))
             return
-        with scope():
-            inner = keras_optimizer(config)
-        if not self.masks:
-            with scope():
-                inner.build(self.flat)
-            self.optimizer = inner
-            return
-        self.optimizer = self._masked(inner, scope)
+        pieces: dict[int, np.ndarray] = {}
         for i, keep in self.masks.items():
-            full = [sum(int(s.shape[0]) for s in shards[i]), *shards[i][0].shape[1:]] if shards[i][0].shape else []
-            for shard, piece in zip(shards[i], split_mask(keep, shards[i], full)):
-                self.optimizer.set_mask(shard, piece)
+            members = [k for k, owner in enumerate(self.owner) if owner == i]
+            full = [sum(int(self.flat[k].shape[0]) for k in members), *self.flat[members[0]].shape[1:]] \
+                if self.flat[members[0]].shape else []
+            pieces.update(zip(members, split_mask(keep, [self.flat[k] for k in members], full)))
+        for device, members in self.tasks.items():
+            with tf.device(device or None):
+                optimizer = keras_optimizer(config)
+                if self.masks:
+                    from freezing import MaskedOptimizer
 
-    def _colocated(self, shard: Any, make: Any) -> Any:
-        if self.strategy is None:
-            return make()
-        with self.strategy.extended.colocate_vars_with(shard):
-            return make()
+                    optimizer = MaskedOptimizer(optimizer, config.mask_policy)
+                optimizer.build([self.flat[k] for k in members])
+                for k in members:
+                    if k in pieces:
+                        optimizer.set_mask(self.flat[k], pieces[k])
+            self.optimizers[device] = optimizer
 
-    def _masked(self, inner: Any, scope: Any) -> Any:
-        """``MaskedOptimizer(inner)`` built over the shards, its masks on the ps."""
-        import tensorflow as tf
-
-        from freezing import MaskedOptimizer
-
-        try:
-            with scope():
-                masked = MaskedOptimizer(inner, policy=self.config.mask_policy)
-                masked.build(self.flat)
-            self.mask_placement = "with the strategy's placement"
-            return masked
-        except ValueError:
-            if self.strategy is None:
-                raise
-        # Today's MaskedOptimizer refuses to be built under a tf.distribute strategy (issue 16, part 1). Build the
-        # Keras optimizer (and so its slots) in the scope, then the wrapper outside it, its masks on the first
-        # shard's ps task: the masked writes still run next to each shard, reading the masks from that task.
-        with scope():
-            inner.build(self.flat)
-        masked = MaskedOptimizer(inner, policy=self.config.mask_policy)
-        with tf.device(self.flat[0].device):
-            masked.build(self.flat)
-        self.mask_placement = f"masks on {self.flat[0].device} (MaskedOptimizer is built outside the strategy)"
-        return masked
+    @property
+    def mask_placement(self) -> str | None:
+        """Where the masks live: one ``MaskedOptimizer`` per ps task, each holding its own shards' masks."""
+        if not self.masks or self.downpour:
+            return None
+        counts = {short(d): sum(self.owner[k] in self.masks for k in members) for d, members in self.tasks.items()}
+        return ("one MaskedOptimizer per ps task, each with the masks of its own shards: "
+                + ", ".join(f"{task} {n} masked shard{'s' * (n != 1)}" for task, n in counts.items()))
 
     @property
     def variables(self) -> list[Any]:
-        """Every variable of the optimizer's state (slots, step counter, masks), for checkpoints."""
+        """Every variable of the optimizer's state (slots, step counters, masks), for checkpoints."""
         if self.downpour:
-            return [a for row in self.accumulators for a in row]
-        return list(self.optimizer.variables)
+            return list(self.accumulators)
+        return [v for device in self.tasks for v in self.optimizers[device].variables]
+
+    def prepare(self, sparse: Sequence[bool]) -> None:
+        """Trace each ps task's update once, for gradients that are ``IndexedSlices`` where ``sparse[i]`` (per
+        variable) and dense tensors elsewhere. Call it with no ``tf.distribute`` strategy in force (the chief does,
+        before it traces the worker function); a push traces it itself when it runs outside a strategy."""
+        import tensorflow as tf
+
+        from study.ps import sparse as sp
+
+        self._sparse = [bool(sparse[i]) for i in self.owner]
+        if self.downpour:
+            return
+        for device, members in self.tasks.items():
+            specs = [sp.spec(self.flat[k].shape, self.flat[k].dtype, self._sparse[k]) for k in members]
+            self._updates[device] = tf.function(self._task_update(device, members)).get_concrete_function(specs)
+
+    def _task_update(self, device: str, members: list[int]) -> Any:
+        import tensorflow as tf
+
+        optimizer, variables = self.optimizers[device], [self.flat[k] for k in members]
+
+        def update(grads: list[Any]) -> Any:
+            from freezing import gradients
+
+            with tf.device(device or None):
+                gradients.apply(grads, variables, optimizer)  # apply_gradients, as in a custom loop
+                return tf.constant(True)  # a flag, not the values: the caller only waits for it
+
+        return update
+
+    def kinds(self) -> list[bool] | None:
+        """Per shard (flat order): whether ``prepare`` expects an ``IndexedSlices`` for it; None before ``prepare``."""
+        return None if self._sparse is None else list(self._sparse)
 
     def apply(self, pieces: Sequence[Any]) -> list[Any]:
-        """Apply one push (one gradient per shard, in ``self.flat`` order) on the ps; returns reads of every shard
-        that run after its write (for the version bump's control dependencies)."""
+        """Apply one push (one gradient per shard, in ``self.flat`` order) on the ps; returns tensors that exist once
+        every write of the push is done (for the version bump's control dependencies)."""
+        import tensorflow as tf
+
+        from study.ps import sparse as sp
+
+        if self.downpour:
+            return [self._downpour(k, piece) for k, piece in enumerate(pieces)]
+        if not self._updates:
+            if tf.distribute.has_strategy():
+                raise RuntimeError("PsOptimizer: call prepare(sparse) before tracing a push under a tf.distribute "
+                                   "strategy (a Keras optimizer must be traced outside it)")
+            self.prepare([any(sp.is_sparse(pieces[k]) for k, o in enumerate(self.owner) if o == i)
+                          for i in range(len(self.shards))])
+        done = []
+        for device, members in self.tasks.items():
+            done.append(self._updates[device]([pieces[k] for k in members]))
+        return done
+
+    def _downpour(self, k: int, piece: Any) -> Any:
         import tensorflow as tf
 
         from freezing import gradients
+        from study.ps import sparse as sp
 
-        lr = self.config.learning_rate
-        if self.downpour:
-            reads, k = [], 0
-            for i, row in enumerate(self.shards):
-                for j, shard in enumerate(row):
-                    piece = pieces[k]
-                    k += 1
-                    with tf.device(shard.device):  # the update runs on the ps that holds the shard
-                        if self.accumulators:
-                            total = self.accumulators[i][j].assign_add(piece * piece)
-                            reads.append(shard.assign_sub(lr * piece * tf.math.rsqrt(total)))
-                        else:
-                            gradients.apply([piece], [shard], learning_rate=lr)
-                            reads.append(shard.read_value())
-            return reads
+        shard, lr = self.flat[k], self.config.learning_rate
+        with tf.device(shard.device):  # the update runs on the ps that holds the shard
+            if not sp.is_sparse(piece):
+                if self.accumulators:
+                    total = self.accumulators[k].assign_add(piece * piece)
+                    return shard.assign_sub(lr * piece * tf.math.rsqrt(total))
+                gradients.apply([piece], [shard], learning_rate=lr)  # the library's exact v -= lr * g
+                return shard.read_value()
+            rows = tf.IndexedSlices(piece.values * piece.values, piece.indices)
+            if self.accumulators:
+                total = tf.gather(self.accumulators[k].scatter_add(rows), piece.indices)
+                return shard.scatter_sub(tf.IndexedSlices(lr * piece.values * tf.math.rsqrt(total), piece.indices))
+            return shard.scatter_sub(tf.IndexedSlices(lr * piece.values, piece.indices))
 
-        def step(grads: list[Any]) -> None:
-            # Keras 3 all-reduces the gradients to the device each one is on; under ParameterServerStrategy a
-            # tensor with no device has no destination ("destinations can not be empty"), so name the worker's CPU
-            with tf.device("/device:CPU:0"):
-                grads = [tf.identity(g) for g in grads]
-            self.optimizer.apply_gradients(zip(grads, self.flat))
 
-        if self.strategy is not None:
-            self.strategy.run(step, args=(list(pieces),))
-        else:
-            step(list(pieces))
-        return [v.read_value() for v in self.flat]
+def short(device: str) -> str:
+    """``/job:ps/replica:0/task:1/device:CPU:0`` -> ``ps:1`` (``local`` without a job)."""
+    parts = dict(p.split(":", 1) for p in device.strip("/").split("/") if ":" in p)
+    return f"{parts.get('job', '?')}:{parts.get('task', '?')}" if "job" in parts else (device or "local")
 
 
 def keras_optimizer(config: DownpourConfig) -> Any:

@@ -7,16 +7,21 @@
     TF_CONFIG='{"cluster": {...}, "task": {"type": "chief", "index": 0}}'  python -m study.ps \\
         --job job.json --out result.json [--resume] [--bind ADDRESS]
 
-A ps or worker task serves until it is killed; it imports no job code (the chief sends graphs). The chief is
-the coordinator: it reads the job (a JSON object of ``DownpourConfig`` fields, or a path to one), waits for
-every task (a timeout names the missing ones), puts the variables on the ps tasks, schedules the Downpour worker
-loop and writes its measurements to ``--out``. ``--bind`` makes the task listen on that address only
-(``study.ps.bind``). ``LocalCluster`` runs exactly these commands; ``docs/parameter_server.md`` walks through
-running them by hand, on one machine and on several.
+A ps or worker task serves until it is ended (Ctrl-C, or a signal); it imports no job code (the chief sends
+graphs). The chief is the coordinator: it reads the job (a JSON object of ``DownpourConfig`` fields, or a path to
+one), waits for every task (a timeout names the missing ones), checks the data against the model on itself and
+on every worker, puts the variables on the ps tasks, schedules the Downpour worker loop and writes its
+measurements to ``--out``. ``--bind`` makes the task listen on that address only (``study.ps.bind``).
+``LocalCluster`` runs exactly these commands; ``docs/parameter_server.md`` walks through running them by hand,
+on one machine and on several.
 
-Exit codes (``study.ps.faults``): 0 done; 1 the chief failed (message and traceback); 2 bad ``TF_CONFIG``, flag,
-job or data file; 3 tasks unreachable; 4 ``--resume`` refused (checkpoint and sidecar disagree); 75 a ps task
-was lost (restart it, then the chief with ``--resume``).
+Every task prints its own messages, one line each, to the terminal, and everything else (TensorFlow's log,
+tracebacks) to its log file in ``--log-dir``, which every error message names (``study.ps.console``).
+
+Exit codes (``study.ps.faults``): 0 done; 1 the chief failed (one line; the traceback is in the log file); 2 bad
+``TF_CONFIG``, flag, job or data file, or a port in use; 3 tasks unreachable; 4 ``--resume`` refused (checkpoint
+and sidecar disagree); 75 a ps task was lost (restart it, then the chief with ``--resume``); 130 stopped by
+Ctrl-C (SIGINT).
 """
 
 from __future__ import annotations
@@ -24,8 +29,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
+from typing import TYPE_CHECKING
 
 from study.ps import faults
+
+if TYPE_CHECKING:
+    from study.ps.console import Console
 
 PROG = "python -m study.ps"
 
@@ -36,8 +46,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", help="chief only: where to write the measurements (JSON)")
     parser.add_argument("--resume", action="store_true", help="chief only: restore the last checkpoint first")
     parser.add_argument("--bind", help="listen on this address only, e.g. 127.0.0.1 or a private 10.x address "
-                                       "(TensorFlow alone listens on every interface)")
+                                       "(TensorFlow alone listens on every interface, IPv4 and IPv6)")
+    parser.add_argument("--log-dir", help="where the task's log file goes (TensorFlow's output, tracebacks); "
+                                          "default $TMPDIR/study-ps-<uid>")
     parser.add_argument("--worker-threads", type=int, default=1, help="worker only: intra-op threads (default 1)")
+    parser.add_argument("--ps-threads", type=int, default=1, help="ps only: intra-op threads (default 1)")
     parser.add_argument("--no-pin", action="store_true", help="worker only: do not pin a 1-thread worker to a core")
     parser.add_argument("--local", action="store_true", help=argparse.SUPPRESS)  # started by LocalCluster
     return parser
@@ -56,32 +69,37 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse printed the usage and what is wrong
         return int(e.code or 0) and faults.EXIT_BAD_INPUT
     from study.ps import bind
-    from study.ps.cluster import parse_tf_config, serve
+    from study.ps.cluster import parse_tf_config, split_address
 
+    for flag in ("worker_threads", "ps_threads"):
+        if getattr(args, flag) < 1:
+            return _fail(f"--{flag.replace('_', '-')}: expected an integer >= 1; got {getattr(args, flag)}")
     try:
         config = parse_tf_config()
         if args.bind is not None:
             address = bind.check_address(args.bind)
-            if bind.active() != address:  # start again with the bind() shim loaded
+            if bind.active() != address:  # start again with the checked bind() shim loaded
                 env = bind.environment(address)
                 sys.stdout.flush()
                 os.execve(sys.executable, [sys.executable, "-m", "study.ps", *argv], env)
     except (ValueError, bind.BindError) as e:
         return _fail(str(e))
-    role = config["task"]["type"]
+    role, index = config["task"]["type"], config["task"]["index"]
+    task = f"{role}:{index}"
+    from study.ps.console import Console
+
+    try:
+        console = Console.open(args.log_dir, role, index, split_address(config["cluster"][role][index])[1])
+    except OSError as e:
+        return _fail(f"--log-dir: cannot write the task's log there ({e})")
     if role in ("ps", "worker"):
-        if args.worker_threads < 1:
-            return _fail(f"--worker-threads: expected an integer >= 1; got {args.worker_threads}")
-        try:
-            serve(config, orphan_guard=args.local, worker_threads=args.worker_threads, pin=not args.no_pin,
-                  bind=args.bind and bind.check_address(args.bind))
-        except bind.BindError as e:
-            return _fail(str(e))
-        return faults.EXIT_OK
-    if role != "chief":
-        return _fail(f"task type {role!r} has no role here; use chief, ps or worker")
+        console.stop_on_sigint(task)
+        return _serve(args, config, console)
     if not args.job:
-        return _fail("the chief needs --job (DownpourConfig fields as JSON, or a path to a JSON file)")
+        console.say("the chief needs --job (DownpourConfig fields as JSON, or a path to a JSON file)")
+        return faults.EXIT_BAD_INPUT
+    console.stop_on_sigint(task, "; the ps and worker tasks keep serving: start the chief again with --resume to "
+                                 "continue from its last checkpoint")
     if args.local:
         from study.ps.cluster import exit_with_parent
 
@@ -91,15 +109,35 @@ def main(argv: list[str] | None = None) -> int:
         from study.ps.chief import run_chief
         from study.ps.config import job_from_dict, read_job
 
-        code = run_chief(job_from_dict(read_job(args.job)), config["cluster"], out=args.out, resume=args.resume)
+        code = run_chief(job_from_dict(read_job(args.job)), config["cluster"], out=args.out, resume=args.resume,
+                         say=console.say, where=console.where())
     except ValueError as e:
-        code = _fail(str(e))
+        console.say(str(e))
+        code = faults.EXIT_BAD_INPUT
     except BaseException as e:  # noqa: BLE001 - the chief always exits with a code, never hangs in teardown
-        code = _fail(f"the chief failed: {type(e).__name__}: {e}", faults.EXIT_FAILED)
+        traceback.print_exc()  # into the log file, which the message names
+        console.say(f"the chief failed: {faults.first_line(e)}{console.where()}")
+        code = faults.EXIT_FAILED
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # the distributed runtime's teardown would wait on tasks that may be gone
+
+
+def _serve(args: argparse.Namespace, config: dict, console: Console) -> int:
+    """A ps or worker task: serve until the process is ended (Ctrl-C: exit 130)."""
+    from study.ps import bind
+    from study.ps.cluster import ServeError, serve
+
+    try:
+        serve(config, orphan_guard=args.local, worker_threads=args.worker_threads, pin=not args.no_pin,
+              bind=args.bind and bind.check_address(args.bind), ps_threads=args.ps_threads,
+              say=console.say)
+    except (bind.BindError, ServeError) as e:
+        console.say(f"{e}{console.where()}")
+        sys.stdout.flush()
+        os._exit(faults.EXIT_BAD_INPUT)  # the server's threads would keep a normal exit waiting
+    return faults.EXIT_OK
 
 
 if __name__ == "__main__":

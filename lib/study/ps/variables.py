@@ -1,75 +1,110 @@
 """The model's values on the ps tasks (``PsVariables``): fetch, push, placement, snapshots and checkpoints.
 
-The chief builds the job's Keras model once and copies its values into plain ``tf.Variable`` s created in the
-strategy's scope, so that they live on the ps tasks; a ``MinSizePartitioner`` splits the large ones along axis 0.
-Workers fetch values and push gradients inside the scheduled function (``study.ps.worker``); nothing else moves.
+The chief builds the job's Keras model once and copies its values into plain ``tf.Variable`` s, each created under
+``tf.device`` of the ps task that holds it, with no ``tf.distribute`` strategy in force (the strategy only
+schedules the workers' functions and their datasets). A variable of at least ``shard_min_bytes`` is split along
+axis 0 over the ps tasks (``MinSizePartitioner``'s count; shard ``j`` on task ``j``); smaller ones go round
+robin. Workers fetch values and push gradients inside the scheduled function (``study.ps.worker``); nothing else
+moves.
 """
 
 from __future__ import annotations
 
-import contextlib
+import itertools
 import math
 from typing import Any
 
 import numpy as np
 
+from study.ps import sparse as sp
 from study.ps.config import DownpourConfig
-from study.ps.optimizer import PsOptimizer, resolve_masks
+from study.ps.optimizer import PsOptimizer, resolve_masks, short
 
 INT64_MAX = 2 ** 63 - 1
 
 
 def short_device(device: str) -> str:
     """``/job:ps/replica:0/task:1/device:CPU:0`` -> ``ps:1`` (``local`` without a job)."""
-    parts = dict(p.split(":", 1) for p in device.strip("/").split("/") if ":" in p)
-    return f"{parts.get('job', '?')}:{parts.get('task', '?')}" if "job" in parts else (device or "local")
+    return short(device)
+
+
+def ps_devices(ps: int) -> list[str]:
+    """The CPU device of every ps task. ``ps_devices(2)[1] == "/job:ps/replica:0/task:1/device:CPU:0"``"""
+    return [f"/job:ps/replica:0/task:{k}/device:CPU:0" for k in range(ps)]
+
+
+def shard_rows(shape: tuple[int, ...], dtype: Any, config: DownpourConfig) -> list[int]:
+    """Rows of each shard of a variable: ``MinSizePartitioner``'s count along axis 0 (at most ``config.ps``), the
+    rows spread as evenly as ``np.array_split`` does. ``shard_rows((1000, 64), tf.float32, job)``"""
+    import tensorflow as tf
+
+    if not shape or config.ps == 1:
+        return [shape[0]] if shape else []
+    partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
+        min_shard_bytes=config.shard_min_bytes, max_shards=config.ps)
+    n = min(int(partitioner(tf.TensorShape(shape), tf.as_dtype(dtype))[0]), shape[0])
+    return [len(part) for part in np.array_split(np.arange(shape[0]), max(1, n))]
 
 
 class PsVariables:
-    """The model's values as ``tf.Variable`` s on the ps (or locally, with ``strategy=None``), with fetch and push.
+    """The model's values as ``tf.Variable`` s on the ps tasks (or locally, with ``devices=None``), with fetch and push.
 
-    ``fetch()`` returns ``(version, trainable values, non-trainable values, keep masks)``; ``push(grads, state)``
-    applies the (already transformed) gradients with the job's optimizer next to each shard and returns the
-    push's version, exactly. Keras seed-generator states (``Dropout``) are not shared: each worker makes its own.
+    ``fetch()`` returns ``(version, trainable values, non-trainable values)``; ``push(grads, state)`` applies the
+    (already transformed) gradients, dense or ``IndexedSlices``, with the job's optimizer next to each shard and
+    returns ``(the push's version, exactly; the bytes of gradient it sent)``. Keras seed-generator states
+    (``Dropout``) are not shared: each worker makes its own. ``devices``: one device per ps task
+    (``ps_devices(config.ps)``).
     """
 
-    def __init__(self, model: Any, config: DownpourConfig, strategy: Any = None):
+    def __init__(self, model: Any, config: DownpourConfig, devices: list[str] | None = None):
         import tensorflow as tf
 
         self.config = config
         self.paths = [v.path for v in model.trainable_variables]
         self.state_paths = [v.path for v in model.non_trainable_variables]
         self.seed_slots = [i for i, v in enumerate(model.non_trainable_variables) if "seed_generator_state" in v.path]
-        scope = strategy.scope if strategy is not None else contextlib.nullcontext
-        with scope():
-            self.trainable = [tf.Variable(v.numpy(), name=_name(v.path)) for v in model.trainable_variables]
-            self.shared_state = [tf.Variable(v.numpy(), name=_name(v.path), trainable=False)
-                                 for i, v in enumerate(model.non_trainable_variables) if i not in self.seed_slots]
+        devices = list(devices) if devices else [""]
+        turn = itertools.count()
+
+        def next_device() -> str:  # round robin over the tasks, for variables that are not split
+            return devices[next(turn) % len(devices)]
+
+        self.shards: list[list[Any]] = []
+        for v in model.trainable_variables:
+            value = v.numpy()
+            rows = shard_rows(value.shape, value.dtype, self.config) if len(devices) > 1 else \
+                ([value.shape[0]] if value.shape else [])
+            if len(rows) > 1:
+                bounds = np.cumsum([0] + rows)
+                row = []
+                for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+                    with tf.device(devices[j] or None):
+                        row.append(tf.Variable(value[a:b], name=f"{_name(v.path)}_part_{j}"))
+                self.shards.append(row)
+            else:
+                with tf.device(next_device() or None):
+                    self.shards.append([tf.Variable(value, name=_name(v.path))])
+        self.shared_state = []
+        for i, v in enumerate(model.non_trainable_variables):
+            if i not in self.seed_slots:
+                with tf.device(next_device() or None):
+                    self.shared_state.append(tf.Variable(v.numpy(), name=_name(v.path), trainable=False))
+        with tf.device(devices[0] or None):
             self.version = tf.Variable(0, dtype=tf.int64, trainable=False, name="version")
-        self.shards = [list(v.variables) if hasattr(v, "variables") and not isinstance(v, tf.Variable) else [v]
-                       for v in self.trainable]
         masks = resolve_masks(config, model)
         self.masks = {self.paths.index(p): keep for p, keep in masks.items()}
-        self.optimizer = PsOptimizer(config, self.shards, strategy, self.masks)
-        # each masked variable's keep mask, next to its first shard: the workers' local steps leave frozen entries
-        self.local_keep: dict[int, Any] = {}
-        for i, keep in sorted(self.masks.items()):
-            with contextlib.ExitStack() as stack:
-                stack.enter_context(scope())
-                if strategy is not None:
-                    stack.enter_context(strategy.extended.colocate_vars_with(self.shards[i][0]))
-                self.local_keep[i] = tf.Variable(keep, trainable=False, name=f"{_name(self.paths[i])}_keep")
+        self.optimizer = PsOptimizer(config, self.shards, self.masks)
         self.initial_seed_state = [model.non_trainable_variables[i].numpy() for i in self.seed_slots]
 
     def checkpoint(self) -> Any:
-        """A ``tf.train.Checkpoint`` of everything the ps holds (parameters, optimizer state, masks, version)."""
+        """A ``tf.train.Checkpoint`` of everything the ps holds (parameters, optimizer state and masks, version)."""
         import tensorflow as tf
 
-        return tf.train.Checkpoint(trainable=self.trainable, shared_state=self.shared_state, version=self.version,
-                                   optimizer=self.optimizer.variables, local_keep=list(self.local_keep.values()))
+        return tf.train.Checkpoint(trainable=self.shards, shared_state=self.shared_state, version=self.version,
+                                   optimizer=self.optimizer.variables)
 
-    def fetch(self) -> tuple[Any, list[Any], list[Any], dict[int, Any]]:
-        """Read the version, then every parameter (one network read per shard) and the keep masks."""
+    def fetch(self) -> tuple[Any, list[Any], list[Any]]:
+        """Read the version, then every parameter (one network read per shard)."""
         import tensorflow as tf
 
         version = self.version.read_value()
@@ -77,25 +112,32 @@ class PsVariables:
             weights = [tf.concat([s.read_value() for s in shards], 0) if len(shards) > 1 else shards[0].read_value()
                        for shards in self.shards]
             state = [v.read_value() for v in self.shared_state]
-            keep = {i: v.read_value() for i, v in self.local_keep.items()}
-        return version, weights, state, keep
+        return version, weights, state
 
-    def push(self, grads: list[Any], state: list[Any]) -> Any:
-        """Apply ``grads`` on the ps, store ``state``, count the update; returns this push's version.
+    def prepare(self, sparse: list[bool]) -> None:
+        """Say which variables' gradients are ``IndexedSlices`` (per variable) and trace the ps updates for them;
+        the chief calls it outside the strategy, before tracing the worker function."""
+        self.optimizer.prepare([bool(s) and self.config.sparse_push for s in sparse])
 
-        The version is the counter's value right after this push's increment, taken by one atomic
-        fetch-and-increment (``ResourceCountUpTo``) after every write of the push: two concurrent pushes never
-        get the same version.
+    def push(self, grads: list[Any], state: list[Any]) -> tuple[Any, Any]:
+        """Apply ``grads`` on the ps, store ``state``, count the update; returns ``(version, bytes pushed)``.
+
+        An ``IndexedSlices`` gradient is sent as its rows (each once) to the shards that hold them, unless the job
+        says ``sparse_push=False``. The version is the counter's value right after this push's increment, taken by
+        one atomic fetch-and-increment (``ResourceCountUpTo``) after every write of the push: two concurrent
+        pushes never get the same version.
         """
-        import tensorflow as tf
-
         pieces = []
         for g, shards in zip(grads, self.shards):
-            pieces += tf.split(g, [s.shape[0] for s in shards], axis=0) if len(shards) > 1 else [g]
+            g = sp.dedupe(g) if sp.is_sparse(g) and self.config.sparse_push else sp.dense(g) if sp.is_sparse(g) else g
+            pieces += sp.split_rows(g, [int(s.shape[0]) for s in shards]) if len(shards) > 1 else [g]
+        kinds = self.optimizer.kinds()
+        if kinds is not None:  # what the traced updates expect
+            pieces = [p if kind or not sp.is_sparse(p) else sp.dense(p) for p, kind in zip(pieces, kinds)]
         done = self.optimizer.apply(pieces)
         for variable, value in zip(self.shared_state, state):  # e.g. BatchNorm statistics: last writer wins
             done.append(variable.assign(value))
-        return count_update(self.version, after=done)
+        return count_update(self.version, after=done), sp.payload_bytes(pieces)
 
     def full_state(self, local_seeds: list[Any], state: list[Any]) -> list[Any]:
         """The model's non-trainable values in its order: shared ones from ``state``, seeds from ``local_seeds``."""
@@ -126,23 +168,25 @@ class PsVariables:
         return rows
 
     def optimizer_placement(self) -> dict[str, int]:
-        """Bytes of optimizer state (slots, sums, masks) per task: ``{"ps:0": ..., "ps:1": ...}``."""
+        """Bytes of optimizer state (slots, sums, step counters, masks) per task: ``{"ps:0": ..., "ps:1": ...}``."""
         out: dict[str, int] = {}
         import tensorflow as tf
 
         for v in self.optimizer.variables:
             device = (v if isinstance(v, tf.Variable) else v.value).device  # a Keras variable wraps a tf.Variable
-            task = short_device(device) if device else "chief"  # a wrapper's own counters, unused by pushes
+            task = short_device(device)
             out[task] = out.get(task, 0) + _bytes(v)
         return out
 
+    def values(self) -> list[np.ndarray]:
+        """Every trainable variable's value (its shards joined), read by the chief."""
+        return [np.concatenate([s.numpy() for s in shards]) if len(shards) > 1 else shards[0].numpy()
+                for shards in self.shards]
+
     def snapshot(self) -> tuple[int, list[np.ndarray], list[np.ndarray]]:
         """``(version, trainable, shared state)`` as NumPy arrays, read from the ps by the chief."""
-        import tensorflow as tf
-
         version = int(self.version.numpy())
-        return (version, [tf.convert_to_tensor(v).numpy() for v in self.trainable],
-                [v.numpy() for v in self.shared_state])
+        return version, self.values(), [v.numpy() for v in self.shared_state]
 
 
 def count_update(version: Any, after: list[Any] | None = None) -> Any:

@@ -2,14 +2,17 @@
 
 A scheduled function runs ``steps_per_function`` steps on one worker:
 
-* fetch: every ``n_fetch`` steps, read every parameter (and the keep masks) from the ps into a local copy;
-* compute: the gradients of one minibatch of the worker's own shard, on the local copy, with
-  ``keras.Model.stateless_call``; take the local step ``w -= local_lr * g`` (frozen entries stay) and add ``g`` to
-  an accumulator;
+* fetch: every ``n_fetch`` steps, read every parameter from the ps into a local copy;
+* compute: the gradients of one minibatch of the worker's own shard (``x`` a tensor, or a dict or list of them
+  for a model with several inputs), on the local copy, with ``keras.Model.stateless_call``; take the local step
+  ``w -= local_lr * g`` (a scatter for an ``Embedding``'s ``IndexedSlices``; frozen entries stay, their masks
+  travel once with the function) and add ``g`` to an accumulator;
 * transform and push: every ``n_push`` steps, ``T(sum g)`` goes to the ps, which applies it with the job's
-  optimizer next to each shard (``PsVariables.push``) and returns the push's version.
+  optimizer next to each shard (``PsVariables.push``) and returns the push's version; an ``IndexedSlices``
+  gradient goes as the rows it touched, each once.
 
 Staleness of a push = updates that other workers applied between this worker's fetch and this push.
+``gradient_kinds`` says, before anything is traced under the strategy, which variables get ``IndexedSlices``.
 """
 
 from __future__ import annotations
@@ -24,17 +27,42 @@ from study.ps.model import make_loss
 from study.ps.variables import PsVariables
 
 
-def worker_function(model: Any, ps: PsVariables, config: DownpourConfig, worker_index: Callable[[], Any]) -> Any:
+def gradient_kinds(model: Any, ps: PsVariables, config: DownpourConfig, element_spec: Any) -> list[bool]:
+    """Per trainable variable, whether its gradient is a ``tf.IndexedSlices`` (an ``Embedding``'s): found by tracing
+    the loss's gradient once on ``element_spec``, the data's unbatched ``(x, y)`` spec; nothing runs."""
+    import tensorflow as tf
+
+    loss_fn = make_loss(config)
+    kinds: list[bool] = []
+    batched = tf.nest.map_structure(lambda s: tf.TensorSpec((None, *s.shape), s.dtype), element_spec[:2])
+    values = [v.numpy() for v in model.non_trainable_variables]
+
+    def trace(x: Any, y: Any) -> Any:
+        weights = [tf.zeros(v.shape, v.dtype) for v in model.trainable_variables]
+        state = [tf.constant(v) for v in values]
+        with tf.GradientTape() as tape:
+            tape.watch(weights)
+            loss = loss_fn(y, model.stateless_call(weights, state, x, training=True)[0])
+        kinds.extend(isinstance(g, tf.IndexedSlices) for g in tape.gradient(loss, weights))
+        return loss
+
+    tf.function(trace).get_concrete_function(*batched)
+    return kinds
+
+
+def worker_function(model: Any, ps: PsVariables, config: DownpourConfig, worker_index: Callable[[], Any],
+                    timestamps: bool = True) -> Any:
     """The Downpour worker loop as a ``tf.function`` of a data iterator (``steps_per_function`` steps).
 
-    Returns per push: the version and the staleness; per step: the loss; the number of samples the function
-    read from another worker's shard (0 when the shards are disjoint; -1 when the dataset function shards
-    itself, which this cannot check); and the worker's index with the function's start and end time
-    (``tf.timestamp``) on the worker.
+    Returns per push: the version, the staleness and the bytes of gradient it sent; per step: the loss; the
+    number of samples the function read from another worker's shard (0 when the shards are disjoint; -1 when the
+    dataset function shards itself, which this cannot check); and the worker's index with the function's start
+    and end time (``tf.timestamp``) on the worker. ``timestamps=False`` gives 0 for both instead: ``tf.timestamp``
+    fails in a process where ``tf.config.experimental.enable_op_determinism`` was called (the local loop).
     """
     import tensorflow as tf
 
-    from freezing import gradients
+    from study.ps import sparse as sp
 
     loss_fn = make_loss(config)
     transform = None
@@ -46,22 +74,24 @@ def worker_function(model: Any, ps: PsVariables, config: DownpourConfig, worker_
     from study.ps.data import shards_itself
 
     check_shards = not shards_itself(config)
+    masks = {i: keep for i, keep in ps.masks.items()}  # constants of the function: sent once with it
 
     @tf.function
     def run(iterator: Any) -> dict[str, Any]:
         worker = worker_index()
-        started = tf.timestamp()
-        versions, staleness, losses = [], [], []
+        started = tf.timestamp() if timestamps else tf.constant(0.0, tf.float64)
+        versions, staleness, losses, sent = [], [], [], []
         foreign = tf.constant(0, tf.int64)
+        keep = {i: tf.constant(k) for i, k in masks.items()}
         for step in range(config.steps_per_function):
             if step % config.n_fetch == 0:  # fetch: a fresh local copy of the parameters
                 with tf.control_dependencies([started]):
-                    fetched_at, weights, state, keep = ps.fetch()
+                    fetched_at, weights, state = ps.fetch()
                 own_pushes = 0
                 seeds = [tf.stack([tf.cast(s[0], tf.int64) + 1000 * (tf.cast(worker, tf.int64) + 1),
                                    fetched_at * 64 + step]) for s in ps.initial_seed_state]
             if step % config.n_push == 0:
-                accumulated = [tf.zeros_like(w) for w in weights]
+                accumulated = [None] * len(weights)
             x, y, index = next(iterator)
             with tf.GradientTape() as tape:  # compute, on the local copy
                 tape.watch(weights)
@@ -69,21 +99,22 @@ def worker_function(model: Any, ps: PsVariables, config: DownpourConfig, worker_
                 loss = loss_fn(y, out)
             grads = tape.gradient(loss, weights)
             seeds, state = ps.split_state(new_state)
-            weights = [tf.where(keep[i], w - lr * g, w) if i in keep else w - lr * g  # the local step
-                       for i, (w, g) in enumerate(zip(weights, grads))]
-            accumulated = [a + g for a, g in zip(accumulated, grads)]
+            weights = [sp.local_step(w, g, lr, keep.get(i)) for i, (w, g) in enumerate(zip(weights, grads))]
+            accumulated = [g if a is None else sp.add(a, g) for a, g in zip(accumulated, grads)]
             losses.append(loss)
             if check_shards:
                 foreign += tf.reduce_sum(tf.cast(tf.math.floormod(index, config.workers)
                                                  != tf.cast(worker, tf.int64), tf.int64))
             if (step + 1) % config.n_push == 0:  # transform, then push: the ps applies it
-                version = ps.push(gradients.transform(accumulated, transform), state)
+                version, size = ps.push([sp.map_values(transform, g) for g in accumulated], state)
                 staleness.append(version - 1 - fetched_at - own_pushes)
                 versions.append(version)
+                sent.append(size)
                 own_pushes += 1
         with tf.control_dependencies([version]):  # the clock stops after the last push
-            ended = tf.timestamp()
+            ended = tf.timestamp() if timestamps else tf.identity(started)
         return {"versions": tf.stack(versions), "staleness": tf.stack(staleness), "loss": tf.stack(losses),
+                "pushed_bytes": tf.stack(sent),
                 "samples": tf.constant(config.steps_per_function * config.batch, tf.int64),
                 "foreign_samples": foreign if check_shards else tf.constant(-1, tf.int64),
                 "worker": worker, "started": started, "ended": ended}
@@ -105,15 +136,17 @@ def local_steps_per_s(config: DownpourConfig, functions: int = 8, repeats: int =
         limits += f", pinned to core {core}"
     import tensorflow as tf
 
-    from study.ps.data import train_dataset
+    from study.ps.data import element_spec, train_dataset
     from study.ps.model import build_model
 
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(4)
     model = build_model(config)
     ps = PsVariables(model, config)
-    fn = worker_function(model, ps, config, lambda: tf.constant(0, tf.int32))
-    iterator = iter(train_dataset(config)(0, 1))
+    dataset = train_dataset(config)(0, 1)
+    ps.prepare(gradient_kinds(model, ps, config, element_spec(config)))
+    fn = worker_function(model, ps, config, lambda: tf.constant(0, tf.int32), timestamps=False)
+    iterator = iter(dataset)
     for _ in range(2):  # trace and warm up
         out = fn(iterator)
     int(out["versions"][-1])
