@@ -243,10 +243,8 @@ def test_faults_are_not_job_fields_and_are_checked_against_the_job():
         assert name not in fields
         with pytest.raises(ValueError, match=f"--job: {name} injects faults for experiments and is not a job field"):
             job_from_dict({name: 3})
-    with pytest.warns(DeprecationWarning, match="use run_downpour"):  # an older caller's spelling still works
-        old = DownpourConfig(workers=2, kill_worker_at=3)
-    assert Faults.of(old) == Faults(worker_at=3) and "kill_worker_at" not in json.dumps(dataclasses.asdict(old))
-    assert Faults.of(DownpourConfig()) == Faults()
+    with pytest.raises(TypeError, match="kill_worker_at"):  # not a job field from Python either
+        DownpourConfig(workers=2, kill_worker_at=3)
 
 
 @pytest.mark.parametrize("bad, match", [

@@ -112,17 +112,18 @@ def frozen_table(result: Mapping[str, Any]) -> pd.DataFrame:
                          for path, r in result["frozen"]["per_variable"].items()])
 
 
-def fault_job(config: GradientStudyConfig) -> Any:
-    """The fault run: 2 workers, the ps tasks, checkpoints; each fault in ``config.faults`` at a fixed share of it."""
-    from study.ps import DownpourConfig
+def fault_job(config: GradientStudyConfig) -> tuple[Any, Any]:
+    """The fault run: the job (2 workers, the ps tasks, checkpoints) and its ``Faults``, each fault in
+    ``config.faults`` at a fixed share of the run."""
+    from study.ps import DownpourConfig, Faults
 
     updates = config.fault_steps // 2
     at = {"worker": 0.15, "chief": 0.35, "ps": 0.6}
-    kills = {f"kill_{name}_at": max(1, int(at[name] * updates)) for name in config.faults}
-    return DownpourConfig(model=config.fault_model, workers=2, ps=config.ps_tasks, steps=config.fault_steps,
-                          n_fetch=2, n_push=2, steps_per_function=4, learning_rate=0.1, optimizer="adagrad",
-                          checkpoint_every=max(2, updates // 6), shard_min_bytes=64 * 1024, seed=config.seeds[0],
-                          **kills)
+    faults = Faults(**{f"{name}_at": max(1, int(at[name] * updates)) for name in config.faults})
+    job = DownpourConfig(model=config.fault_model, workers=2, ps=config.ps_tasks, steps=config.fault_steps,
+                         n_fetch=2, n_push=2, steps_per_function=4, learning_rate=0.1, optimizer="adagrad",
+                         checkpoint_every=max(2, updates // 6), shard_min_bytes=64 * 1024, seed=config.seeds[0])
+    return job, faults
 """Every column of study 04's tables: meaning (unit), for the data dictionary (``reporting.save_table``)."""
 
 

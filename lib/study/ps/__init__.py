@@ -46,7 +46,7 @@ MODULES = ("study.ps.config", "study.ps.bind", "study.ps.console", "study.ps.clu
            "study.ps.checkpoints", "study.ps.local", "study.ps.data", "study.ps.sparse", "study.ps.model",
            "study.ps.optimizer", "study.ps.variables", "study.ps.result", "study.ps.worker", "study.ps.chief",
            "study.ps.launcher", "study.ps.roles", "study.ps.__main__", "study.ps.examples")
-"""Every module of the package, in dependency order (also what ``study.cache`` follows from ``python -m study.ps``)."""
+"""Every module of the package, in dependency order (also what ``study.report.cache`` follows from ``python -m study.ps``)."""
 
 _EXPORTS = {
     "DownpourConfig": "study.ps.config", "load_callable": "study.ps.config", "read_job": "study.ps.config",

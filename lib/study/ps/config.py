@@ -13,9 +13,8 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import warnings
 from collections.abc import Callable
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -120,8 +119,7 @@ class DownpourConfig:
     * ``sparse_push``: a gradient that arrives as ``tf.IndexedSlices`` (an ``Embedding``'s) is pushed as the rows
       it touches, each once (True, default), or as a dense tensor (False, for comparison).
 
-    ``kill_worker_at``, ``kill_ps_at``, ``kill_chief_at`` are accepted from Python for older callers only
-    (deprecated, not fields): pass ``run_downpour(job, faults=Faults(...))`` instead.
+    Faults for experiments are not part of a job: ``run_downpour(job, faults=Faults(...))``.
     """
 
     model: str = "study.models:deep_mnist_cnn"
@@ -158,18 +156,8 @@ class DownpourConfig:
     keep_checkpoints: int = 2
     warmup_functions: int | None = None
     start_timeout: float = 120.0
-    kill_worker_at: InitVar[int | None] = None
-    kill_ps_at: InitVar[int | None] = None
-    kill_chief_at: InitVar[int | None] = None
 
-    def __post_init__(self, kill_worker_at: int | None = None, kill_ps_at: int | None = None,
-                      kill_chief_at: int | None = None) -> None:
-        legacy = {k: v for k, v in (("worker_at", kill_worker_at), ("ps_at", kill_ps_at), ("chief_at", kill_chief_at))
-                  if v is not None}
-        if legacy:  # kept out of the fields: not in asdict(), the job file, the checkpoint's job or the result
-            warnings.warn("DownpourConfig(kill_*_at=...) is deprecated: fault injection is not part of a job; use "
-                          "run_downpour(job, faults=Faults(...))", DeprecationWarning, stacklevel=3)
-            object.__setattr__(self, "_legacy_faults", legacy)
+    def __post_init__(self) -> None:
         for name in ("workers", "ps", "steps", "n_fetch", "n_push", "steps_per_function", "batch",
                      "shuffle_buffer", "shard_min_bytes", "eval_samples", "keep_checkpoints"):
             check_positive_int(name, getattr(self, name))

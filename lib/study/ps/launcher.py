@@ -54,12 +54,6 @@ class Faults:
                 raise ValueError(f"faults.{name}: needs checkpoint_every > 0, so that the job can come back from a "
                                  "checkpoint")
 
-    @classmethod
-    def of(cls, config: DownpourConfig) -> Faults:
-        """The faults an older caller gave as ``DownpourConfig(kill_*_at=...)`` (deprecated)."""
-        legacy = getattr(config, "_legacy_faults", {})
-        return cls(**legacy)
-
 
 # ----------------------------------------------------------------------------------------------------------
 # The launcher: a LocalCluster, the chief, faults and restarts
@@ -91,7 +85,7 @@ def run_downpour(config: DownpourConfig, cluster: Any = None, timeout_s: float =
     Tasks found dead are restarted before a job. A chief that fails ends this with a ``RuntimeError`` of one line
     naming its log. ``run_downpour(DownpourConfig(workers=2, steps=200))``
     """
-    faults = faults if faults is not None else Faults.of(config)
+    faults = faults if faults is not None else Faults()
     faults.check(config)
     if cluster is None:
         with LocalCluster(config.workers, config.ps, start_timeout=config.start_timeout) as own:
