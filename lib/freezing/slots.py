@@ -41,8 +41,11 @@ def _keras_slots(optimizer: keras.optimizers.Optimizer, variable: Any) -> dict[s
         if slot is None:
             continue
         path = slot.path
-        # Keras 3.15 names a slot "<optimizer>/<variable path>_<slot>"; Keras 3.5's Adagrad "<optimizer>/<slot>"
-        name = path[len(prefix):] if path.startswith(prefix) else path.rsplit("/", 1)[-1] or attr.strip("_")
+        # Keras names a slot "<optimizer>/<variable path>_<slot>" (add_variable_from_reference); Keras 3.5's Adagrad
+        # "<optimizer>/<slot>"; Adafactor's factors after the variable itself, where the list's name says which
+        last = path.rsplit("/", 1)[-1]
+        own = last.split(":")[0] in (ref.rsplit("/", 1)[-1], str(getattr(variable, "name", "")).split(":")[0])
+        name = path[len(prefix):] if path.startswith(prefix) else attr.strip("_") if own or not last else last
         result[name] = slot
     return result
 
