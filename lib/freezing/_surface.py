@@ -6,7 +6,8 @@ averages, ``LossScaleOptimizer`` and ``MultiOptimizer`` ``loss_scale_factor``, K
 ``_clip_gradients``, ``initial_scale`` and ``optimizers``. A wrapper that answered with its own defaults
 would silently switch those features off, so, as in Keras' ``LossScaleOptimizer``, every option of the
 inner optimizer is read and written through, and any other attribute the wrapper does not have is
-looked up on the inner optimizer.
+looked up on the inner optimizer. Keras' per-variable ``update_step`` and its weight decay, called on the
+wrapper, run the inner optimizer's with the stored masks in force.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from freezing import _keras_api
+from freezing._write_path import REGISTRY
 
 FORWARDED = {
     "use_ema": False, "ema_momentum": 0.99, "ema_overwrite_frequency": None, "clipnorm": None,
@@ -113,7 +115,32 @@ class InnerSurface:
         for leaf in self._leaves():
             leaf.exclude_from_weight_decay(var_list=var_list, var_names=var_names)
 
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        """Keras' per-variable update, by the inner optimizer that updates ``variable``, with its stored mask in force.
+
+        ``apply`` is what training calls; this is for code that drives one variable's update itself.
+
+        >>> import keras, numpy as np; from freezing import MaskedOptimizer
+        >>> w = keras.Variable([1.0, 2.0], name="w"); opt = MaskedOptimizer(keras.optimizers.SGD()); opt.build([w])
+        >>> opt.set_mask(w, [True, False]); opt.update_step(np.float32([1.0, 1.0]), w, 0.5); w.numpy().tolist()
+        [0.5, 2.0]
+        """
+        leaf = next((o for o in self._leaves() if _keras_api.knows(o, variable)), self._leaves()[0])
+        entries, _ = self._entries([variable], None, mask_fn=False)
+        with REGISTRY.active(entries):
+            leaf.update_step(gradient, variable, learning_rate)
+
+    def _apply_weight_decay(self, variables: Sequence[Any]) -> None:
+        """The inner optimizers' weight decay (their own rule: Muon's too), with the stored masks in force."""
+        entries, _ = self._entries(list(variables), None, mask_fn=False)
+        with REGISTRY.active(entries):
+            for leaf in self._leaves():
+                _keras_api.apply_weight_decay(leaf, [v for v in variables if _keras_api.knows(leaf, v)] if leaf.built else variables)
+
     def _leaves(self) -> list[Any]:  # pragma: no cover - defined by the wrapper
+        raise NotImplementedError
+
+    def _entries(self, variables: list[Any], masks: Any, mask_fn: bool = True) -> tuple[dict, dict]:  # pragma: no cover
         raise NotImplementedError
 
 

@@ -529,27 +529,6 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
             masks = self._sparse.check_call_masks(variables, masks)
         self._step(grads, variables, masks)
 
-    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
-        """Keras' per-variable update, by the inner optimizer that updates ``variable``, with its stored mask in force.
-
-        ``apply`` is what training calls; this is for code that drives one variable's update itself.
-
-        >>> w = keras.Variable([1.0, 2.0], name="w"); opt = MaskedOptimizer(keras.optimizers.SGD()); opt.build([w])
-        >>> opt.set_mask(w, [True, False]); opt.update_step(np.float32([1.0, 1.0]), w, 0.5); w.numpy().tolist()
-        [0.5, 2.0]
-        """
-        leaf = next((o for o in self._leaves() if _keras_api.knows(o, variable)), self._leaves()[0])
-        entries, _ = self._entries([variable], None, mask_fn=False)
-        with REGISTRY.active(entries):
-            leaf.update_step(gradient, variable, learning_rate)
-
-    def _apply_weight_decay(self, variables: Sequence[Any]) -> None:
-        """The inner optimizers' weight decay (their own rule: Muon's too), with the stored masks in force."""
-        entries, _ = self._entries(list(variables), None, mask_fn=False)
-        with REGISTRY.active(entries):
-            for leaf in self._leaves():
-                _keras_api.apply_weight_decay(leaf, [v for v in variables if _keras_api.knows(leaf, v)] if leaf.built else variables)
-
     def _entries(self, variables: list[Any], masks: list[Any] | None,
                  mask_fn: bool = True) -> tuple[dict[int, Any], dict[int, Any]]:
         """Each built variable's mask and mode for this step: stored, given for this call, or ANDed with ``mask_fn``'s.
