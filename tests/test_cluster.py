@@ -83,6 +83,7 @@ def test_tf_config_errors(text, match):
         parse_tf_config(text)
 
 
+@pytest.mark.slow  # over 15 s: make test-slow (CI)
 def test_entry_point_rejects_a_bad_tf_config_and_a_chief_without_a_job_with_exit_2():
     run = subprocess.run([sys.executable, "-m", "study.ps"], capture_output=True, text=True,
                          env=dict(os.environ, TF_CONFIG="{oops"), timeout=120)
@@ -156,6 +157,7 @@ def _wait_for_line(process: subprocess.Popen, text: str, timeout: float = 120) -
     raise AssertionError(f"no {text!r} in {lines}")
 
 
+@pytest.mark.slow  # over 15 s: make test-slow (CI)
 def test_ctrl_c_ends_a_ps_task_a_worker_and_a_chief_within_seconds_with_exit_code_130(tmp_path):
     ports = free_ports(3)
     spec = {"chief": [f"localhost:{ports[0]}"], "ps": [f"localhost:{ports[1]}"], "worker": [f"localhost:{ports[2]}"]}

@@ -76,6 +76,7 @@ def _tiny_study(methods, optimizers=("adam",), seeds=(0,), processes=1):
     return config, alternating.gan_study(config, data, classifier, progress=False)
 
 
+@pytest.mark.slow  # over 15 s: make test-slow (CI)
 def test_the_diagnostic_gates_draw_for_one_network_only_and_keep_the_rest_still():
     config, (runs, logs, grids) = _tiny_study(["random_gate_masked", "gate_d_only", "gate_g_only"],
                                               optimizers=("sgd", "adam"))
@@ -92,6 +93,7 @@ def test_the_diagnostic_gates_draw_for_one_network_only_and_keep_the_rest_still(
     assert any("time" in k for k in headline)  # timings sit under keys a rerun comparison can skip
 
 
+@pytest.mark.slow  # over 15 s: make test-slow (CI)
 def test_a_study_run_gives_the_same_bits_in_one_worker_process_or_two():
     # processes=1 runs both pairings one after the other in one worker; processes=2 in two fresh workers
     first, logs1, grids1 = _tiny_study(["two_optimizers", "random_gate"], seeds=(0, 1))[1]

@@ -189,6 +189,7 @@ def test_05_recipes_prose_metrics(smoke_results):
     assert ladder["entries"] == sorted(ladder["entries"]) and set(ladder["rises"]) == {"acc_new", "forgetting"}
 
 
+@pytest.mark.slow  # over 15 s: make test-slow (CI)
 def test_02_bad_parameter_stops_before_training(tmp_path):
     run = _pipeline("--profile", "smoke", "--out", str(tmp_path), "--only", "02_mnist_cnn_freezing",
                     "--set", "p_values=[0.5, 2]")
@@ -225,6 +226,7 @@ def test_03_gan_alternating_metrics(smoke_results):
     assert all(f"{key.replace('/', ', ')}: " in headline for key in runs) and "classes seen" in headline
 
 
+@pytest.mark.slow  # over 15 s: make test-slow (CI)
 def test_03_typo_in_scope_fails_before_training(tmp_path):
     run = _pipeline("--profile", "smoke", "--out", str(tmp_path), "--only", "03_gan_alternating",
                     "--set", "generator_scope=generater/")

@@ -106,6 +106,7 @@ def test_an_embedding_and_two_inputs_train_with_adam_on_the_ps_and_no_frozen_bit
     assert r["applied_updates"] == r.applied_updates and dict(r.frozen)["frozen_changed_bits"] == 0  # as a mapping
 
 
+@pytest.mark.slow  # over 15 s: make test-slow (CI)
 @pytest.mark.cluster
 def test_data_that_does_not_fit_the_model_or_a_missing_worker_file_ends_the_chief_with_one_line(
         cluster, tokens, tmp_path, monkeypatch):

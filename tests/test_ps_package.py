@@ -136,6 +136,7 @@ def test_a_keras_optimizer_on_the_ps_writes_what_keras_writes_and_masks_hold_fro
         assert changed[~frozen].all(), path  # every other entry moved
 
 
+@pytest.mark.slow  # over 15 s: make test-slow (CI)
 def test_the_update_counter_gives_every_concurrent_caller_its_own_value():
     version = tf.Variable(0, dtype=tf.int64)
     count = tf.function(lambda: count_update(version))

@@ -76,6 +76,7 @@ def test_drift_run_names_and_the_stateless_optimizers(name):
     assert (table["max_abs_dW"] > 0).all() == moved  # drifting optimizers move frozen entries in every step
 
 
+@pytest.mark.slow  # over 15 s: make test-slow (CI)
 def test_drift_summary_and_headline_cover_every_optimizer_and_policy():
     config = adam_drift.AdamDriftConfig(optimizers=["sgd", "adam"], steps=3, warmup=2, size=8, seeds=[0, 1])
     matrix = adam_drift.drift_matrix(config, progress=False)

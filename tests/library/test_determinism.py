@@ -62,6 +62,7 @@ def _results(proc: subprocess.Popen) -> list[dict]:
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # over 15 s: make test-slow (CI)
 def test_same_seed_same_bits_in_separate_processes_and_another_seed_differs():
     # Two processes, run concurrently (the results must not depend on timing). The second trains
     # first with the largest seed allowed, then again with seed 0: re-seeding restarts every stream.

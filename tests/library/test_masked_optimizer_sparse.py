@@ -66,7 +66,8 @@ RSQRT = {"adagrad", "adadelta", "rmsprop", "rmsprop_centered"}
 ELEMENTWISE = sorted(set(OPTIMIZERS) - {"lamb"})
 
 
-@pytest.mark.parametrize("name", ELEMENTWISE)
+@pytest.mark.parametrize("name", [n if n in ("sgd", "adam", "adagrad", "lion") else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in ELEMENTWISE])  # four in make test, every one in make test-slow
 def test_trainable_entries_get_the_dense_hold_bits_and_frozen_entries_never_change(name):
     def inner():
         return make_optimizer(name, 0.05)
