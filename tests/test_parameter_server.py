@@ -204,10 +204,11 @@ def test_a_killed_worker_chief_and_ps_task_each_say_one_line_and_every_update_is
     lost = ps["version_at_failure"] - ps["checkpoint_version"]
     assert lost >= 1
     # every scheduled function returned once; every update in the final model was applied before the checkpoint
-    # it was restored from, or after the last restart -- except those of a worker attempt killed midway
+    # it was restored from, or after the last restart -- except those of the killed worker's attempt, which may have
+    # pushed none, some or all of its updates before the kill (all: killed after its last push, before it returned)
     assert r["returned_functions"] == r["scheduled_functions"] == 28
     killed_attempt = r["applied_updates"] - r["returned_updates"]
-    assert r["returned_updates"] == 112 // 2 and 0 <= killed_attempt < config.pushes_per_function
+    assert r["returned_updates"] == 112 // 2 and 0 <= killed_attempt <= config.pushes_per_function
     assert r["loss_last"] < r["loss_first"]
 
 
