@@ -25,10 +25,10 @@ $(STAMP): requirements.txt pyproject.toml lib/pyproject.toml
 
 venv: $(STAMP) ## Create .venv and install the pinned requirements (done by the targets below)
 
-test: $(STAMP) ## Run the tests (unit, property, doctests, Keras' optimizer tests, notebooks on smoke parameters); under 10 min
+test: $(STAMP) ## Run the tests (unit, property, doctests, Keras' optimizer tests, a notebook through papermill); under 10 min
 	$(PY) -m pytest -m "not slow"
 
-test-slow: $(STAMP) ## Run the long checks CI adds after `make test` (multi-process clusters, exhaustive sweeps)
+test-slow: $(STAMP) ## Run the long checks CI adds after `make test` (every notebook on smoke parameters, clusters, sweeps)
 	$(PY) -m pytest -m slow
 
 $(OLDEST_STAMP): requirements-oldest.txt pyproject.toml

@@ -18,6 +18,7 @@ from study.ps.local import LocalCluster, free_ports, port_in_use
 pytestmark = pytest.mark.cluster
 
 
+@pytest.mark.slow  # over 4 s: make test-slow (CI)
 def test_cluster_starts_listens_limits_workers_and_leaves_no_process_even_when_the_body_fails(alive):
     with pytest.raises(RuntimeError, match="midway"):
         with LocalCluster(workers=2, ps=1, start_timeout=120) as cluster:
@@ -104,6 +105,7 @@ def test_entry_point_rejects_a_bad_tf_config_and_a_chief_without_a_job_with_exit
     assert ok["task"] == {"type": "ps", "index": 0}
 
 
+@pytest.mark.slow  # over 4 s: make test-slow (CI)
 @pytest.mark.skipif(not bind.available(), reason="--bind needs Linux and a C compiler")
 def test_a_task_started_by_hand_with_bind_listens_there_only_and_without_it_on_every_interface(alive, tmp_path):
     ports = free_ports(2)
@@ -185,6 +187,7 @@ def test_ctrl_c_ends_a_ps_task_a_worker_and_a_chief_within_seconds_with_exit_cod
                 process.wait()
 
 
+@pytest.mark.slow  # over 4 s: make test-slow (CI)
 def test_a_port_in_use_gives_one_line_naming_the_port_and_the_task_and_the_log_file(tmp_path):
     with socket.socket() as busy:
         busy.bind(("", 0))

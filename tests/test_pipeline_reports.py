@@ -390,6 +390,7 @@ def test_smoke_run_of_01_writes_a_clean_report_and_index(complete_01):
 @pytest.mark.notebook
 @pytest.mark.parametrize("signum", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
                          ids=["SIGINT", "SIGTERM"])
+@pytest.mark.slow  # over 4 s: make test-slow (CI)
 def test_interrupting_a_run_leaves_results_as_they_were_and_a_rerun_completes(complete_01, tmp_path, signum):
     """Interrupt a run of 01 in the middle: the results folder is byte-for-byte unchanged and no child survives.
     After SIGTERM (SIGINT takes the same path in ``pipeline``, so its rerun would test nothing new) the rerun

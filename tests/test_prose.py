@@ -120,6 +120,7 @@ def test_lint_ignores_code_formulas_links_and_whole_numbers():
     assert prose.lint_prose("about 0.5 of it, 25% and 1e-5, 2.7-fold") == ["0.5", "25%", "1e-5", "2.7-fold"]
 
 
+@pytest.mark.slow  # the smoke run of every notebook (about 7 min): make test-slow (CI)
 def test_the_smoke_reports_show_numbers_not_placeholders(smoke_results):
     for notebook in NOTEBOOKS:
         executed = nbformat.read(smoke_results / notebook.stem / f"{notebook.stem}.ipynb", as_version=4)

@@ -154,6 +154,7 @@ def test_the_update_counter_gives_every_concurrent_caller_its_own_value():
     assert sorted(seen) == list(range(1, 48001))  # assign_add and a read of it gave duplicates here (18 in 48000)
 
 
+@pytest.mark.slow  # over 4 s: make test-slow (CI)
 def test_concurrent_pushes_each_get_their_own_version():
     job = DownpourConfig(model=MLP, model_kwargs={"hidden": 1, "batch_norm": False}, learning_rate=0.01)
     ps = PsVariables(build_model(job), job)
@@ -397,6 +398,7 @@ def test_sparse_pieces_split_over_shards_give_what_the_dense_gradient_gives():
     assert isinstance(total, tf.IndexedSlices) and total.values.shape[0] == 6
 
 
+@pytest.mark.slow  # over 4 s: make test-slow (CI)
 def test_a_two_input_model_with_an_embedding_trains_in_the_local_loop_with_sparse_pushes(tmp_path, monkeypatch):
     from study.ps.worker import gradient_kinds, worker_function
     from study.ps.data import element_spec, train_dataset

@@ -178,6 +178,7 @@ def test_method_table_shows_pruning_under_every_optimizer_and_04_s_ratio_as_04_p
                                                           "server)", "time per step"]
 
 
+@pytest.mark.slow  # over 4 s: make test-slow (CI)
 def test_subnetwork_study_reruns_bit_identically():
     from study.data import MnistSplits
 
@@ -193,6 +194,7 @@ def test_subnetwork_study_reruns_bit_identically():
     assert (first.runs.set_index("method").loc["naive_gate", "moved"] > 0).all()
 
 
+@pytest.mark.slow  # over 4 s: make test-slow (CI)
 def test_pruning_study_measures_moments_and_a_fresh_optimizer_keeps_pruned_zeros():
     from study.data import MnistSplits
 

@@ -107,6 +107,7 @@ def test_the_selection_is_fixed():
     opt.set_mask(model.get_layer("fc2").kernel, RNG.random((16, 3)) < 0.5)  # dense variables still take any mask
 
 
+@pytest.mark.slow  # over 4 s: make test-slow (CI)
 def test_keras_file_round_trip_then_training_equals_training_without_interruption(tmp_path):
     from freezing.determinism import enable_determinism
 
