@@ -365,6 +365,7 @@ def complete_01(smoke_results) -> Path:
 
 
 @pytest.mark.notebook
+@pytest.mark.slow  # reads the smoke run of every notebook (about 7 min): make test-slow (CI)
 def test_smoke_run_of_01_writes_a_clean_report_and_index(complete_01):
     page = (complete_01 / "01_adam_drift" / "01_adam_drift.html").read_text()
     soup = BeautifulSoup(page, "html.parser")

@@ -232,6 +232,7 @@ def smoke(smoke_results) -> tuple[dict, Path]:
     return json.loads((smoke_results / "05_recipes" / "metrics.json").read_text()), smoke_results
 
 
+@pytest.mark.slow  # reads the smoke run of every notebook (about 7 min): make test-slow (CI)
 @pytest.mark.notebook
 def test_exact_recipes_move_nothing(smoke):
     m, _ = smoke
@@ -243,6 +244,7 @@ def test_exact_recipes_move_nothing(smoke):
     assert m["unfreezing"]["methods"]["mask_schedule"]["frozen_moved_max"] == 0
 
 
+@pytest.mark.slow  # reads the smoke run of every notebook (about 7 min): make test-slow (CI)
 @pytest.mark.notebook
 def test_naive_recipes_move_frozen_entries_under_adam_and_adamw(smoke):
     m, _ = smoke
@@ -256,6 +258,7 @@ def test_naive_recipes_move_frozen_entries_under_adam_and_adamw(smoke):
     assert m["subnetwork"]["methods"]["naive_gate"]["moved_min"] > 0
 
 
+@pytest.mark.slow  # reads the smoke run of every notebook (about 7 min): make test-slow (CI)
 @pytest.mark.notebook
 def test_pruning_keeps_the_sparsity_exactly(smoke):
     m, _ = smoke
@@ -271,6 +274,7 @@ def test_pruning_keeps_the_sparsity_exactly(smoke):
     assert m["pruning"]["constraint_same_weights_as_exact"] and m["new_columns"]["constraint_same_weights_as_exact"]
 
 
+@pytest.mark.slow  # reads the smoke run of every notebook (about 7 min): make test-slow (CI)
 @pytest.mark.notebook
 def test_optimizer_state_is_kept_across_stages_only_by_mask_schedule(smoke):
     u = smoke[0]["unfreezing"]["methods"]
@@ -281,6 +285,7 @@ def test_optimizer_state_is_kept_across_stages_only_by_mask_schedule(smoke):
     assert not u["trainable_flip"]["unfrozen_trained"]  # flipped without recompiling: silently not trained
 
 
+@pytest.mark.slow  # reads the smoke run of every notebook (about 7 min): make test-slow (CI)
 @pytest.mark.notebook
 def test_diagnose_names_the_measured_cause_of_each_naive_variant(smoke):
     m, _ = smoke
@@ -295,12 +300,14 @@ def test_diagnose_names_the_measured_cause_of_each_naive_variant(smoke):
     assert "trainable_changed_after_compile" in m["traps"][0]["diagnose names"]
 
 
+@pytest.mark.slow  # reads the smoke run of every notebook (about 7 min): make test-slow (CI)
 @pytest.mark.notebook
 def test_trainable_traps_match_the_guide_and_the_retrace_condition(smoke):
     did = [row["layer a did"] for row in smoke[0]["traps"]]
     assert did == ["trained", "stayed", "stayed", "stayed", "raised", "raised", "trained"]
 
 
+@pytest.mark.slow  # reads the smoke run of every notebook (about 7 min): make test-slow (CI)
 @pytest.mark.notebook
 def test_outputs_headline_and_data_source(smoke):
     m, out = smoke
