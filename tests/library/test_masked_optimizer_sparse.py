@@ -159,6 +159,7 @@ def test_constraints_mask_fn_and_strategies_are_refused_with_sparse_state():
         MaskedOptimizer("adam", state="sparse", mask_fn=lambda step, v: None)
 
 
+@pytest.mark.slow  # over 4 s: make test-slow (CI)
 def test_sparse_state_runs_under_xla_with_frozen_bits_exact():
     def fit(state):
         model = _model()
