@@ -171,7 +171,11 @@ def test_method_table_shows_pruning_under_every_optimizer_and_04_s_ratio_as_04_p
     row = table.loc["pruned weights stay zero while fine-tuning"]
     assert "under Adam: 22.0 ms/CNN step exact vs 22.4 ms gradient mask, 21.9 ms constraint" in row["time per step"]
     assert ("under AdamW: 27.4 ms/CNN step exact vs 24.5 ms gradient mask, 24.8 ms constraint (exact +12% over the "
-            "gradient mask; every exact-mask run slower than every gradient-mask run)") in row["time per step"]
+            "gradient mask in the mean; every exact-mask run slower than every gradient-mask run)") in row["time per step"]
+    pruning["per_optimizer"]["adamw"]["exact"] = method(27.36, 24.0, 28.4, 0)  # its fastest run beats a gradient mask's
+    table = recipes.method_table({"pruning": pruning}, tmp_path).set_index("task")
+    assert ("(exact +12% over the gradient mask in the mean; their runs' ranges overlap, so this may be noise)"
+            in table.loc["pruned weights stay zero while fine-tuning", "time per step"])
     assert "under AdamW a gradient mask moved 1,473,379 or more" in row["evidence"]
     assert row["guarantee"] == "bit-exact: every pruned entry still zero in every run"
     assert "costs 4.24× fetching them all" in table.loc["transform gradients between compute and apply (parameter "

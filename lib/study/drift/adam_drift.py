@@ -63,6 +63,8 @@ def optimizer_label(name: str) -> str:
         notes.append(f"weight decay {config['weight_decay']:g}")
     if config.get("l1_regularization_strength"):
         notes.append(f"L1 {config['l1_regularization_strength']:g}")
+    if type(opt).__name__ == "Muon":  # Keras' Muon sends every variable that is not 2-D to its AdamW branch
+        notes.append("on this 1-D W its AdamW branch")
     return f"{name} ({', '.join(notes)})"
 
 

@@ -6,6 +6,8 @@ are printed on the bars, since zero is the number that matters and a log axis ca
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
@@ -84,10 +86,10 @@ def pruning(runs: pd.DataFrame) -> plt.Figure:
             x = 100 * np.array(targets) + 0.8 * (k - 1)  # side by side: identical results would hide each other
             top.errorbar(x, 100 * s["sparsity_kept"].mean().reindex(targets),
                          yerr=100 * s["sparsity_kept"].std().reindex(targets).fillna(0), marker="o",
-                         color=COLOURS.get(method), label=_label(method), capsize=3)
+                         color=COLOURS.get(method), label=("constraint (re-zero)" if method == "constraint" else _label(method)), capsize=3)
             bottom.errorbar(x, s["acc_finetuned"].mean().reindex(targets),
                             yerr=s["acc_finetuned"].std().reindex(targets).fillna(0), marker="o",
-                            color=COLOURS.get(method), label=_label(method), capsize=3, alpha=0.8)
+                            color=COLOURS.get(method), label=("constraint (re-zero)" if method == "constraint" else _label(method)), capsize=3, alpha=0.8)
         pruned = rows.groupby("sparsity")["acc_pruned"]
         bottom.errorbar(100 * np.array(targets), pruned.mean().reindex(targets), yerr=pruned.std().reindex(targets).fillna(0),
                         color="0.5", ls="--", marker="x", label="just pruned (before fine-tuning)", capsize=3)
@@ -113,9 +115,10 @@ def _noise_note(rows: pd.DataFrame, column: str) -> str:
     noise = g.std().groupby(level="sparsity").max()
     if noise.isna().all():
         return "one seed: no spread to compare with"
+    bound = math.ceil(spread.max() * 1000) / 1000  # a bound rounds outward
     if (spread < noise).all():
-        return f"method means differ by ≤ {spread.max():.3f}, under 1 std: noise"
-    return f"method means differ by ≤ {spread.max():.3f}; largest std {noise.max():.3f}"
+        return f"method means differ by ≤ {bound:.3f}, under 1 std: noise"
+    return f"method means differ by ≤ {bound:.3f}; largest std {noise.max():.3f}"
 
 
 def unfreezing(curves: pd.DataFrame, every: int, layers: Sequence[str]) -> plt.Figure:

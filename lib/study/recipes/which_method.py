@@ -91,8 +91,9 @@ def _prune_times(per_optimizer: Mapping[str, Any]) -> str:
             slowest_grad, fastest_exact = _number(_get(r, "gradient_mask", "step_time_ms_max")), _number(
                 _get(r, "exact", "step_time_ms_min"))
             every = (fastest_exact is not None and slowest_grad is not None and fastest_exact > slowest_grad)
-            text += (f" (exact {100 * (exact / grad - 1):+.0f}% over the gradient mask"
-                     + ("; every exact-mask run slower than every gradient-mask run" if every else "") + ")")
+            text += (f" (exact {100 * (exact / grad - 1):+.0f}% over the gradient mask in the mean"
+                     + ("; every exact-mask run slower than every gradient-mask run" if every
+                        else "; their runs' ranges overlap, so this may be noise") + ")")
         parts.append(text)
     return ("; ".join(parts) + " (mean over sparsities and seeds)") if parts else "n/a"
 
@@ -208,7 +209,7 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
          + (f"random masks (p = 0.5) held exactly under Adam changed {hold02:,.0f} frozen CNN entries" if hold02 is not None
             else missing)),
         ("a zero gradient / stop_gradient mask (what people do today)", "gate(x, keep), tf.where(keep, g, 0)",
-         "exact only where the update depends on the current gradient alone (plain SGD, Adagrad, ...)",
+         "exact only where a zero gradient gives a zero update (plain SGD, Adagrad; not momentum, Adam or weight decay)",
          (f"{ft_time('gate')} vs {ft_time('var_list')}: the frozen layers' zero gradients are still computed; "
           f"05 recipe 5: {_ms(recipe(r5, 'naive_gate', 'step_time_ms'))}/step vs "
           f"{_ms(recipe(r5, 'exact', 'step_time_ms'))} exact") if ft else missing, "none",
@@ -217,7 +218,7 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
         ("alternating steps of two networks (GAN)", "two optimizers, or var_list per step",
          "exact (0 changed entries in the frozen network)", "not compared here (03 reports each method's time)",
          "one optimizer state per network",
-         f"03: zeroed gradients under Adam moved {gan03:,.0f} generator entries (summed over the run's iterations)"
+         f"03: zeroed gradients under Adam moved {gan03:,.0f} generator entry-steps (entries changed, summed over the run's iterations; mean over seeds)"
          if gan03 is not None else missing),
         ("transform gradients between compute and apply (parameter server)",
          "freezing.gradients: one tape, transform, apply", "exact update: x_after == x_before - lr*T(g)",
