@@ -37,8 +37,8 @@ $(OLDEST_STAMP): requirements-oldest.txt pyproject.toml
 	$(OLDEST)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@touch $(OLDEST_STAMP)
 
-test-oldest: $(OLDEST_STAMP) ## The library's tests and that Keras' optimizer tests on the oldest Keras/TensorFlow declared
-	$(OLDEST)/bin/python -m pytest tests/library tests/keras_suite lib/freezing
+test-oldest: $(OLDEST_STAMP) ## The library's tests, slow ones included (MirroredStrategy), on the oldest Keras/TensorFlow declared
+	$(OLDEST)/bin/python -m pytest -m "slow or not slow" tests/library tests/keras_suite lib/freezing  # slow ones too
 
 ci: test test-slow test-oldest ## What CI runs (.ci/run)
 
