@@ -3,8 +3,8 @@
 Results also go to build/bench/<name>.json. Benchmarks report; they never fail on a time. A benchmark
 that crashes is reported (its JSON holds the error), the others still run, and the exit status is 1.
 
-Sizes (the argument lists below) keep the MaskedOptimizer benchmarks at about 2.5 minutes on a quiet 2-core
-machine (measured: 133 s), longer when shared with other jobs (a CNN step takes ~0.06-0.3 s on CPU). The
+Sizes (the argument lists below) keep the MaskedOptimizer benchmarks at about 6 minutes on a 2-core
+machine (measured: 335 s on 2026-11-26), longer when shared with other jobs (a CNN step takes ~0.06-0.3 s on CPU). The
 MirroredStrategy benchmark runs in its own process (two logical CPU devices must be set up before
 TensorFlow starts). The parameter-server benchmarks run at their own defaults (the sparse one: 3 repeats of 24 timed functions, its steps are short).
 """
