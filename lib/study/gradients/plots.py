@@ -197,7 +197,7 @@ def fault_timeline(result: Mapping[str, Any]) -> plt.Figure:
             ax.plot(seen, row - 0.3, ls="none", marker="X", ms=9, color="C1", zorder=3,  # above the bar's ticks
                     label=once(f"{fault['killed']} killed (its function re-ran; nothing lost)"))
     ax.set_yticks(range(len(starts)), [f"attempt {i + 1}\n(from {s})" for i, s in enumerate(starts)])
-    ax.invert_yaxis()
+    ax.set_ylim(len(starts) - 0.5, -0.75)  # inverted, with room above the first bar for a worker's kill marker
     ax.set(xlabel="updates on the ps [count]", xlim=(0, 1.04 * max(ends)))
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=2, frameon=False)
     ax.grid(axis="x", alpha=0.3)
