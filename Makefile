@@ -38,7 +38,7 @@ $(OLDEST_STAMP): requirements-oldest.txt pyproject.toml
 	@touch $(OLDEST_STAMP)
 
 test-oldest: $(OLDEST_STAMP) ## The library's tests, slow ones included (MirroredStrategy), on the oldest Keras/TensorFlow declared
-	$(OLDEST)/bin/python -m pytest -m "slow or not slow" tests/library tests/keras_suite lib/freezing  # slow ones too
+	$(OLDEST)/bin/python -m pytest -m "slow or not slow" tests/library tests/keras_suite lib/freezing
 
 ci: test test-slow test-oldest ## What CI runs (.ci/run)
 

@@ -7,7 +7,6 @@ are printed on the bars, since zero is the number that matters and a log axis ca
 from __future__ import annotations
 
 import math
-
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
@@ -84,12 +83,13 @@ def pruning(runs: pd.DataFrame) -> plt.Figure:
         for k, (method, g) in enumerate(rows.groupby("method", sort=False)):
             s = g.groupby("sparsity")
             x = 100 * np.array(targets) + 0.8 * (k - 1)  # side by side: identical results would hide each other
+            label = "constraint (re-zero)" if method == "constraint" else _label(method)  # pruning re-zeroes
             top.errorbar(x, 100 * s["sparsity_kept"].mean().reindex(targets),
                          yerr=100 * s["sparsity_kept"].std().reindex(targets).fillna(0), marker="o",
-                         color=COLOURS.get(method), label=("constraint (re-zero)" if method == "constraint" else _label(method)), capsize=3)
+                         color=COLOURS.get(method), label=label, capsize=3)
             bottom.errorbar(x, s["acc_finetuned"].mean().reindex(targets),
                             yerr=s["acc_finetuned"].std().reindex(targets).fillna(0), marker="o",
-                            color=COLOURS.get(method), label=("constraint (re-zero)" if method == "constraint" else _label(method)), capsize=3, alpha=0.8)
+                            color=COLOURS.get(method), label=label, capsize=3, alpha=0.8)
         pruned = rows.groupby("sparsity")["acc_pruned"]
         bottom.errorbar(100 * np.array(targets), pruned.mean().reindex(targets), yerr=pruned.std().reindex(targets).fillna(0),
                         color="0.5", ls="--", marker="x", label="just pruned (before fine-tuning)", capsize=3)
