@@ -301,7 +301,10 @@ def test_a_signal_during_hold_waits_for_the_block_then_interrupts():
     assert signals.received is None
 
 
-def test_stop_children_stops_the_whole_tree_even_new_sessions():
+def test_started_stops_the_whole_tree_it_started_even_new_sessions_and_nothing_else():
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    earlier = subprocess.Popen(sleeper)  # a child this process had before: not the pipeline's to stop
+    started = execution.Started()
     code = ("import subprocess, sys, time; "
             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
             "time.sleep(60)")
@@ -312,13 +315,16 @@ def test_stop_children_stops_the_whole_tree_even_new_sessions():
             time.sleep(0.05)
         tree = [psutil.Process(child.pid), *psutil.Process(child.pid).children(recursive=True)]
         assert len(tree) == 2
-        stopped = execution.stop_children(grace_s=5)
-        assert {p.pid for p in tree} <= set(stopped)
+        stopped = started.stop(grace_s=5)
+        assert set(stopped) == {p.pid for p in tree}
         child.wait(timeout=10)
         assert not [p for p in tree if _running(p)]
+        assert earlier.poll() is None, "a process the pipeline did not start was stopped"
     finally:
-        if child.poll() is None:
-            child.kill()
+        for proc in (child, earlier):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def _running(proc: psutil.Process) -> bool:

@@ -4,7 +4,7 @@ import pytest
 
 from study.optimizers import make_optimizer
 from study.drift.adam_drift import AdamDriftConfig
-from freezing.validation import check_choice, check_int_list, check_positive_int, check_range
+from study.validation import check_choice, check_int_list, check_positive_int, check_range
 
 
 def test_messages_name_parameter_and_allowed_values():

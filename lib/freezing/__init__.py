@@ -19,6 +19,7 @@ One module per idea:
 * ``diagnose``         -- ``diagnose``: every cause that can move entries you believe frozen, and the fix.
 * ``determinism``      -- ``enable_determinism``: seeds plus op determinism, bit-reproducible on CPU.
 * ``gradients``        -- compute all gradients in one pass, transform, apply (TF2 and TF1 graph mode).
+* ``unwrap``, ``wrapper_chain`` -- the optimizer that owns the slots, through MaskedOptimizer and LossScaleOptimizer.
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -46,6 +47,7 @@ from freezing.masked_optimizer import NORMS, POLICIES, STATES, MaskedOptimizer
 from freezing.schedule import MaskSchedule
 from freezing.selection import select_variables, variable_path
 from freezing.slots import SlotStash, reset_slots, restore_slots, slot_initial_value, slots, stash_slots
+from freezing._wrappers import unwrap, wrapper_chain
 
 try:
     __version__ = version("freezing")
@@ -72,5 +74,7 @@ __all__ = [
     "slot_initial_value",
     "slots",
     "stash_slots",
+    "unwrap",
     "variable_path",
+    "wrapper_chain",
 ]

@@ -218,3 +218,18 @@ def default_graph() -> Any:
     """The graph being built (a ``FuncGraph`` inside ``tf.function`` or a branch of control flow)."""
     _, ops, _ = _tf_private()
     return ops.get_default_graph()
+
+
+# -- the TensorFlow build ----------------------------------------------------------------------------
+def onednn_in_build() -> bool | None:
+    """Whether this TensorFlow build has oneDNN (MKL) kernels; None if the private probe is gone.
+
+    >>> onednn_in_build() in (True, False, None)
+    True
+    """
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):
+        return None

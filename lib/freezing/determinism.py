@@ -7,7 +7,8 @@ machine with the same software, end with bit-identical weights. It
   ``SeedGenerator`` (``keras.utils.set_random_seed``), so weight initializers, dropout masks,
   ``fit``'s shuffling and unseeded ``tf.random`` ops draw the same numbers every run;
 * calls ``tf.config.experimental.enable_op_determinism()``;
-* sets ``TF_DETERMINISTIC_OPS=1`` and ``PYTHONHASHSEED=<seed>`` in ``os.environ``.
+* returns, without setting them, the environment variables that give subprocesses the same settings
+  (``TF_DETERMINISTIC_OPS=1``, ``PYTHONHASHSEED=<seed>``): this process's ``os.environ`` is left as it was.
 
 What ``enable_op_determinism`` does, on CPU in particular:
 
@@ -40,16 +41,16 @@ What stays outside its reach:
   different CPU or a different number of intra-op threads may change the last bits. Different
   TensorFlow or Keras versions may too.
 
-The two environment variables act on *later processes*: ``PYTHONHASHSEED`` is read by an
-interpreter only when it starts, so it fixes ``hash()`` of strings (and thus the iteration order of
-sets of strings) in subprocesses this run starts, never in the current one (start Python with it
-set for that); ``TF_DETERMINISTIC_OPS=1`` makes TensorFlow in those subprocesses (for example
-cluster workers) deterministic even if they do not call this function. They still need seeds.
+The returned environment variables are for *later processes*, passed by the caller:
+``subprocess.run(cmd, env={**os.environ, **enable_determinism(0)})``. ``PYTHONHASHSEED`` is read by
+an interpreter only when it starts, so it fixes ``hash()`` of strings (and thus the iteration order
+of sets of strings) in subprocesses, never in the current one (start Python with it set for that);
+``TF_DETERMINISTIC_OPS=1`` makes TensorFlow in those subprocesses deterministic even if they do not
+call this function. They still need seeds. They are returned rather than exported so that a library
+call does not change what every later subprocess of the caller runs with.
 """
 
 from __future__ import annotations
-
-import os
 
 import keras
 import tensorflow as tf
@@ -57,7 +58,7 @@ import tensorflow as tf
 _MAX_SEED = 2**32 - 1  # np.random.seed and PYTHONHASHSEED accept no more
 
 
-def enable_determinism(seed: int) -> None:
+def enable_determinism(seed: int) -> dict[str, str]:
     """Seed every global generator and switch TensorFlow to deterministic ops, for bit-reproducible runs.
 
     Call it once at the start of a run, before building models or datasets; calling it again
@@ -70,7 +71,8 @@ def enable_determinism(seed: int) -> None:
             TensorFlow and Keras, and the value of ``PYTHONHASHSEED`` for subprocesses.
 
     Returns:
-        None.
+        ``{"PYTHONHASHSEED": str(seed), "TF_DETERMINISTIC_OPS": "1"}``: the environment variables that give a
+        subprocess the same settings; ``os.environ`` itself is not changed.
 
     Raises:
         ValueError: if ``seed`` is not an ``int`` in ``[0, 4294967295]``; nothing is changed then.
@@ -78,14 +80,14 @@ def enable_determinism(seed: int) -> None:
     Example:
         >>> import os
         >>> import tensorflow as tf
-        >>> saved = {k: os.environ.get(k) for k in ("PYTHONHASHSEED", "TF_DETERMINISTIC_OPS")}
-        >>> enable_determinism(0)
+        >>> before = dict(os.environ)
+        >>> env = enable_determinism(0)
         >>> first = tf.random.uniform([3]).numpy()
-        >>> enable_determinism(0)
+        >>> _ = enable_determinism(0)
         >>> bool((tf.random.uniform([3]).numpy() == first).all())
         True
-        >>> os.environ["PYTHONHASHSEED"], os.environ["TF_DETERMINISTIC_OPS"]
-        ('0', '1')
+        >>> env, dict(os.environ) == before  # for subprocesses; this process's environment is untouched
+        ({'PYTHONHASHSEED': '0', 'TF_DETERMINISTIC_OPS': '1'}, True)
         >>> try:  # an op that cannot be deterministic refuses to run
         ...     tf.timestamp()
         ... except tf.errors.FailedPreconditionError:
@@ -100,17 +102,30 @@ def enable_determinism(seed: int) -> None:
 
         >>> from tensorflow.python.framework import config as tf_config
         >>> tf_config.disable_op_determinism()
-        >>> for key, value in saved.items():
-        ...     if value is None:
-        ...         del os.environ[key]
-        ...     else:
-        ...         os.environ[key] = value
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _MAX_SEED:
         raise ValueError(
             f"enable_determinism: seed must be an int in [0, {_MAX_SEED}], not a bool; got {seed!r}"
         )
-    os.environ["PYTHONHASHSEED"] = str(seed)  # only subprocesses started from now on see it
-    os.environ["TF_DETERMINISTIC_OPS"] = "1"  # likewise; this process is switched just below
     keras.utils.set_random_seed(seed)  # Python random, NumPy, TensorFlow, Keras' SeedGenerator
     tf.config.experimental.enable_op_determinism()
+    return {"PYTHONHASHSEED": str(seed), "TF_DETERMINISTIC_OPS": "1"}
+
+
+def onednn_in_build() -> bool | None:
+    """Whether this TensorFlow build has oneDNN kernels, which change the low bits of results across CPUs.
+
+    A run is bit-reproducible on one machine (``enable_determinism``); between machines, oneDNN
+    (``TF_ENABLE_ONEDNN_OPTS``, read by TensorFlow at import) picks kernels by CPU features, so record
+    this next to results that are compared across machines.
+
+    Returns:
+        True or False, or None when this TensorFlow no longer answers (TensorFlow has no public way to ask).
+
+    Example:
+        >>> onednn_in_build() in (True, False, None)
+        True
+    """
+    from freezing import _keras_api
+
+    return _keras_api.onednn_in_build()

@@ -71,7 +71,6 @@ from freezing._wrappers import wrapper_chain
 from freezing._write_path import ELEMENTWISE, REGISTRY, WritePath, entries_for, install, reset_frozen_slots
 from freezing.selection import variable_path
 from freezing.slots import slot_initial_value, slots
-from freezing.validation import check_choice
 
 POLICIES = ("hold", "reset", "none")
 """hold: frozen values and all their optimizer state unchanged; reset: values unchanged, moments
@@ -86,6 +85,12 @@ slots only for the entries a fixed mask trains (memory in proportion to them), s
 
 _BASE_OPTIONS = ("use_ema", "gradient_accumulation_steps", "weight_decay", "clipnorm", "global_clipnorm",
                  "clipvalue", "loss_scale_factor", "ema_momentum", "ema_overwrite_frequency")
+
+
+def _check_choice(name: str, value: Any, allowed: Sequence[str]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{name}: got {value!r}; allowed: {', '.join(map(repr, allowed))}")
+    return value
 
 
 def _leaves(optimizer: keras.optimizers.Optimizer) -> list[keras.optimizers.Optimizer]:
@@ -171,9 +176,9 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
                     f"dict; got {type(inner).__name__} {inner!r:.80}"
                 ) from None
         _leaves(inner)  # refuses a nested MaskedOptimizer early
-        policy = check_choice("MaskedOptimizer policy", policy, POLICIES)
-        norms = check_choice("MaskedOptimizer norms", norms, NORMS)
-        state = check_choice("MaskedOptimizer state", state, STATES)
+        policy = _check_choice("MaskedOptimizer policy", policy, POLICIES)
+        norms = _check_choice("MaskedOptimizer norms", norms, NORMS)
+        state = _check_choice("MaskedOptimizer state", state, STATES)
         if mask_fn is not None and not callable(mask_fn):
             raise ValueError(f"MaskedOptimizer: mask_fn must be callable(step, variable) or None; got {mask_fn!r}")
         if state == "sparse" and policy == "none":
@@ -444,22 +449,44 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         """
         return int(sum(tf.size(m).numpy() * m.dtype.size for m in list(self._masks.keep) + [self._masks.mode]))
 
-    def state_bytes(self) -> int:
-        """Bytes of every variable this optimizer holds: the inner optimizer's, the masks and modes, sparse state.
+    def state_bytes(self, variable: Any = None) -> int:
+        """Bytes of optimizer state: all of it, or one variable's (its slots, its mask, its sparse selection).
 
         The inner optimizer's variables are its slots, step counter and learning rate; with
         ``state="sparse"`` each selection adds K ``int32`` indices and K scratch values.
 
+        Args:
+            variable: None for every variable this optimizer holds (the inner optimizer's, the masks and
+                modes, sparse state); or a variable (or its path) for that variable's own share: its slots
+                (K entries each under ``state="sparse"``), its stored mask (1 byte per stored entry) and
+                its sparse indices and scratch values.
+
         Returns:
             The total, in bytes.
+
+        Raises:
+            ValueError: a variable this optimizer was not built with, or a variable before ``build``.
 
         >>> w = keras.Variable(np.zeros((4, 5), "float32"), name="w")
         >>> opt = MaskedOptimizer("adam"); opt.build([w])
         >>> opt.state_bytes()  # step 8 + learning rate 4 + m 80 + v 80 + mask 1 + mode 4
         177
+        >>> opt.state_bytes(w)  # m 80 + v 80 + its mask 1 (no mask stored: one byte)
+        161
+        >>> opt.set_mask(w, np.eye(4, 5) > 0); opt.state_bytes(w)  # m 80 + v 80 + its mask 20
+        180
         """
-        variables = self.variables + self._sparse.scratch()
-        return int(sum(int(tf.size(v).numpy()) * tf.as_dtype(v.dtype).size for v in variables))
+        if variable is None:
+            variables = self.variables + self._sparse.scratch()
+            return int(sum(int(tf.size(v).numpy()) * tf.as_dtype(v.dtype).size for v in variables))
+        if not self.built:
+            raise ValueError("MaskedOptimizer.state_bytes: build the optimizer first (it holds no state yet)")
+        variable = self._resolve(variable)
+        held = slots(self, variable)
+        total = sum(int(np.prod(s.shape)) * tf.as_dtype(s.dtype).size for s in held.values())
+        total += self._sparse.optimizer_bytes({}, variable)  # 0 unless its state is sparse
+        keep = self._masks.keep[self._mask_index[_keras_api.key(variable)]]
+        return int(total + int(tf.size(keep).numpy()) * keep.dtype.size)
 
     # -- applying a step --------------------------------------------------------------------------
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]], trainable_masks: Sequence[Any] | None = None,

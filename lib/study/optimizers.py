@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import keras
 
-from freezing.validation import check_choice
+from study.validation import check_choice
 
 Factory = Callable[[float], keras.optimizers.Optimizer]
 

@@ -20,7 +20,9 @@ import keras
 from tensorflow.python.framework import config
 
 def train(seed):
-    enable_determinism(seed)
+    before = dict(os.environ)
+    env = enable_determinism(seed)
+    untouched = dict(os.environ) == before
     rng = np.random.default_rng(1234)
     x = rng.normal(size=(24, 8, 8, 1)).astype("float32")
     y = rng.integers(0, 3, size=24)
@@ -34,14 +36,15 @@ def train(seed):
     model.compile(keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # 3 steps
     weights = b"".join(np.ascontiguousarray(w).tobytes() for w in model.get_weights())
-    child_hash = subprocess.run([sys.executable, "-c", "print(hash('freezing'))"],
+    child_hash = subprocess.run([sys.executable, "-c", "print(hash('freezing'))"], env={**os.environ, **env},
                                 capture_output=True, text=True, check=True).stdout.strip()
     return {
         "seed": seed,
         "sha256": hashlib.sha256(weights).hexdigest(),
         "n_bytes": len(weights),
         "op_determinism": config.is_op_determinism_enabled(),
-        "env": [os.environ.get("PYTHONHASHSEED"), os.environ.get("TF_DETERMINISTIC_OPS")],
+        "env": [env.get("PYTHONHASHSEED"), env.get("TF_DETERMINISTIC_OPS")],
+        "environ_untouched": untouched,
         "child_hash": child_hash,
     }
 
@@ -74,6 +77,19 @@ def test_same_seed_same_bits_in_separate_processes_and_another_seed_differs():
     assert first["op_determinism"] and other["op_determinism"] and second["op_determinism"]
     assert first["env"] == second["env"] == ["0", "1"] and other["env"] == [str(2**32 - 1), "1"]
     assert first["child_hash"] == second["child_hash"] != other["child_hash"]  # PYTHONHASHSEED reaches subprocesses
+    assert first["environ_untouched"] and other["environ_untouched"] and second["environ_untouched"]
+
+
+def test_the_environment_is_left_as_it_was_and_what_subprocesses_need_is_returned():
+    before = dict(os.environ)
+    try:
+        env = enable_determinism(7)
+        assert env == {"PYTHONHASHSEED": "7", "TF_DETERMINISTIC_OPS": "1"}
+        assert dict(os.environ) == before
+    finally:
+        from tensorflow.python.framework import config as tf_config
+
+        tf_config.disable_op_determinism()
 
 
 @pytest.mark.parametrize("bad", [True, False, -1, 2**32, 1.0, "0", None])

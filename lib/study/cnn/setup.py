@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from freezing.determinism import enable_determinism
-from freezing.validation import check_choices, check_int_list, check_positive_int, check_range
+from study.validation import check_choices, check_int_list, check_positive_int, check_range
 from study.data import ACCEPTED_FORMS
 from study.models import deep_mnist_cnn
 from study.optimizers import OPTIMIZERS

@@ -30,7 +30,7 @@ from study.processes import map_in_processes
 from study.report.prose import num, pm, sci
 from study.report.reporting import format_count
 from freezing.slots import SlotStash, reset_slots, restore_slots, slots, stash_slots
-from freezing.validation import check_choice, check_choices, check_int_list, check_positive_int, check_range
+from study.validation import check_choice, check_choices, check_int_list, check_positive_int, check_range
 
 SEED2_X = (1.0, 2.0, 3.0, 4.0)
 SEED2_MASKS = ((0, 1, 1, 0), (1, 0, 0, 1), (1, 1, 1, 1))

@@ -48,7 +48,7 @@ from study.models import deep_mnist_cnn
 from study.processes import map_in_processes
 from freezing.selection import select_variables
 from study.training import LOSS, accuracy, median_ms, restore, snapshot
-from freezing.validation import check_choices, check_int_list, check_positive_int, check_range
+from study.validation import check_choices, check_int_list, check_positive_int, check_range
 
 METHODS = ("two_optimizers", "shared_optimizer", "zeroed_gradients", "trainable_flag", "stop_gradient",
            "random_gate", "random_gate_masked", "gate_d_only", "gate_g_only")

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from freezing.validation import check_choices, check_int_list, check_positive_int, check_range
+from study.validation import check_choices, check_int_list, check_positive_int, check_range
 
 STALENESS_OPTIMIZERS = ("sgd", "adam", "adagrad")
 """The optimizers ``study.gradients.staleness`` writes out element-wise."""

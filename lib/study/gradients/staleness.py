@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import tensorflow as tf
 
-from freezing.validation import check_choice
+from study.validation import check_choice
 from study.data import MnistSplits
 from study.gradients.config import STALENESS_OPTIMIZERS, GradientStudyConfig
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from freezing.validation import check_choice, check_positive_int, check_range
+from study.validation import check_choice, check_positive_int, check_range
 
 DOWNPOUR_OPTIMIZERS = ("sgd", "adagrad")
 """Downpour's own update rules, applied next to each shard: ``v -= lr*T(g)`` and DistBelief's Adagrad."""

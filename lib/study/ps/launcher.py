@@ -42,7 +42,7 @@ class Faults:
 
     def check(self, config: DownpourConfig) -> None:
         """A ``ValueError`` when the job cannot survive these faults (one worker; no checkpoints)."""
-        from freezing.validation import check_positive_int
+        from study.validation import check_positive_int
 
         for name in ("worker_at", "ps_at", "chief_at"):
             if getattr(self, name) is not None:

@@ -63,7 +63,7 @@ class LocalCluster:
 
     def __init__(self, workers: int = 1, ps: int = 1, ports: list[int] | None = None, start_timeout: float = 60.0,
                  worker_threads: int = 1, pin_workers: bool = True, bind: str | None = "auto", ps_threads: int = 1):
-        from freezing.validation import check_positive_int
+        from study.validation import check_positive_int
 
         check_positive_int("workers", workers)
         check_positive_int("ps", ps)

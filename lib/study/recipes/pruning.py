@@ -12,11 +12,10 @@ import numpy as np
 import pandas as pd
 
 import freezing
-from freezing._wrappers import unwrap
 from freezing.determinism import enable_determinism
 from freezing.masked_optimizer import MaskedOptimizer
 from freezing.slots import slots
-from freezing.validation import check_range
+from study.validation import check_range
 from study.data import MnistSplits
 from study.models import deep_mnist_cnn
 from study.optimizers import make_optimizer
@@ -81,7 +80,7 @@ def pretrain_cnns(config: RecipesConfig, data: MnistSplits) -> dict[int, CnnStat
 def load_cnn_state(model: keras.Model, optimizer: Any, state: CnnState) -> None:
     """Put a ``CnnState`` into a Deep MNIST CNN and a built Adam/AdamW (looked up through wrappers). ``load_cnn_state(m, opt, s)``"""
     restore(model.variables, state.variables)
-    inner = unwrap(optimizer)
+    inner = freezing.unwrap(optimizer)
     for v in model.trainable_variables:
         for name, slot in slots(inner, v).items():
             slot.assign(state.slots[v.path][name])

@@ -18,7 +18,7 @@ import freezing
 from freezing.audit import changed_bits
 from freezing.determinism import enable_determinism
 from freezing.slots import slots
-from freezing.validation import check_choice, check_choices, check_int_list, check_positive_int, check_range
+from study.validation import check_choice, check_choices, check_int_list, check_positive_int, check_range
 from study.data import ACCEPTED_FORMS, MnistSplits
 from study.optimizers import OPTIMIZERS, make_optimizer
 from study.training import LOSS, StepTimer, accuracy, batch_indices, median_ms, restore, snapshot

@@ -16,7 +16,7 @@ import tensorflow as tf
 from freezing.audit import changed_bits
 from freezing.determinism import enable_determinism
 from freezing.masked_optimizer import MaskedOptimizer
-from freezing.validation import check_range
+from study.validation import check_range
 from study.data import MnistSplits
 from study.optimizers import make_optimizer
 from study.training import LOSS, StepTimer, batch_indices, median_ms, restore, snapshot

@@ -236,7 +236,8 @@ def trainable_traps(seed: int = 0) -> pd.DataFrame:
 
     def observe(scenario: str, should: str, m: keras.Model, batch: int = 16) -> None:
         opt = m.optimizer
-        unknown = opt.built and any(opt._var_key(v) not in opt._trainable_variables_indices for v in m.trainable_variables)
+        # whether the built optimizer lacks a trainable variable (the next traced step raises 'Unknown variable')
+        unknown = "unknown_to_optimizer" in freezing.diagnose(m, list(m.trainable_variables)).causes
         causes = "(not asked)"  # a should train and the optimizer knows it: nothing to diagnose
         if should == "stay" or unknown:
             causes = ", ".join(sorted(freezing.diagnose(m, [m.get_layer("a")]).causes)) or "(none)"

@@ -223,10 +223,10 @@ def machine() -> dict[str, Any]:
                             "cores": os.cpu_count(),
                             "TF_ENABLE_ONEDNN_OPTS": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "unset")}
     try:
-        from tensorflow.python.util import _pywrap_util_port  # private; guarded
+        from freezing.determinism import onednn_in_build
 
-        info["onednn_in_build"] = bool(_pywrap_util_port.IsMklEnabled())
-    except Exception:  # no TensorFlow, or the private module moved
+        info["onednn_in_build"] = onednn_in_build()
+    except ImportError:  # no TensorFlow
         info["onednn_in_build"] = None
     for var in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "MKL_NUM_THREADS"):
         if var in os.environ:

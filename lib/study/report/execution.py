@@ -2,7 +2,8 @@
 
 * ``SIGNALS``: SIGINT/SIGTERM become ``Interrupted`` in the main thread, except inside ``SIGNALS.hold()``, where the
   block finishes first (moving a finished notebook into place and recording it is never cut in half);
-* ``stop_children``: stop every process below this one, the kernel and whatever it started, in any session;
+* ``Started``: the processes the pipeline starts from a point on; ``stop()`` stops them and what they started (in
+  any session), and nothing this process had started before;
 * ``execute``: papermill in a worker thread, so that signals reach the main thread; on an interruption the
   kernel's tree is stopped before ``Interrupted`` is re-raised.
 """
@@ -81,51 +82,77 @@ SIGNALS = _Signals()
 
 
 
-def _descendants() -> list[Any]:
-    """Every live process below this one (the kernel, and whatever the kernel started, in any session)."""
+class Started:
+    """The processes this pipeline starts from now on: the children of this process that appear after it is made.
+
+    ``stop()`` stops them and everything below them (the kernel, and whatever the kernel started, in any
+    session), and nothing else: a child this process had before, or that something else in it started earlier,
+    is left alone.
+
+    >>> started = Started()
+    >>> started.stop()  # nothing started since
+    []
+    """
+
+    def __init__(self) -> None:
+        self._before = {p.pid for p in _children()}
+
+    def roots(self) -> list[Any]:
+        """The direct children started since this object was made, still alive."""
+        return [p for p in _children() if p.pid not in self._before]
+
+    def stop(self, grace_s: float = 5.0) -> list[int]:
+        """Stop the started processes' trees: freeze them (no new forks), SIGTERM, then SIGKILL after ``grace_s``.
+
+        Returns the pids it signalled. The kernel runs in its own session and so does anything started with
+        ``start_new_session``; walking parent links finds them all as long as their parents are alive, which the
+        SIGSTOP pass guarantees until the whole tree is known.
+        """
+        import psutil
+
+        found: dict[int, Any] = {}
+        while True:  # freeze, until a pass finds no new process
+            tree = []
+            for root in self.roots() if not found else [p for p in found.values()]:
+                tree.append(root)
+                try:
+                    tree.extend(root.children(recursive=True))
+                except psutil.Error:
+                    pass
+            new = [p for p in tree if p.pid not in found]
+            if not new:
+                break
+            for p in new:
+                found[p.pid] = p
+                try:
+                    p.suspend()
+                except psutil.Error:
+                    pass
+        procs = list(found.values())
+        for p in procs:
+            try:
+                p.terminate()
+                p.resume()
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=grace_s)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=grace_s)
+        return sorted(found)
+
+
+def _children() -> list[Any]:
+    """The live direct children of this process."""
     import psutil
 
     try:
-        return psutil.Process().children(recursive=True)
+        return psutil.Process().children()
     except psutil.Error:
         return []
-
-
-def stop_children(grace_s: float = 5.0) -> list[int]:
-    """Stop every descendant process: freeze the tree (no new forks), SIGTERM, then SIGKILL after ``grace_s``.
-
-    Returns the pids it signalled. The kernel runs in its own session and so does anything started with
-    ``start_new_session``; walking parent links finds them all as long as their parents are alive, which the
-    SIGSTOP pass guarantees until the whole tree is known.
-    """
-    import psutil
-
-    found: dict[int, Any] = {}
-    while True:  # freeze, until a pass finds no new process
-        new = [p for p in _descendants() if p.pid not in found]
-        if not new:
-            break
-        for p in new:
-            found[p.pid] = p
-            try:
-                p.suspend()
-            except psutil.Error:
-                pass
-    procs = list(found.values())
-    for p in procs:
-        try:
-            p.terminate()
-            p.resume()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=grace_s)
-    return sorted(found)
 
 
 def execute(notebook: Path, executed: Path, parameters: dict[str, Any], timeout_s: int) -> None:
@@ -149,13 +176,14 @@ def execute(notebook: Path, executed: Path, parameters: dict[str, Any], timeout_
         except BaseException as e:  # handed to the main thread
             box["error"] = e
 
+    started = Started()
     worker = threading.Thread(target=work, name=f"papermill:{notebook.stem}", daemon=True)
     worker.start()
     try:
         while worker.is_alive():
             worker.join(0.2)
     except BaseException:
-        stop_children()
+        started.stop()
         worker.join(30)  # papermill notices the dead kernel and returns
         raise
     if "error" in box:

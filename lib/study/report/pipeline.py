@@ -47,7 +47,7 @@ from typing import Any
 import yaml
 
 from study.report import cache, reproduction
-from study.report.execution import SIGNALS, Interrupted, execute, stop_children
+from study.report.execution import SIGNALS, Interrupted, Started, execute
 from study.report.prose import ProseError, unfilled
 from study.report.records import Records
 from study.report.reporting import write_text
@@ -169,6 +169,7 @@ def run_notebook(notebook: Path, profile: str, out: Path, timeout_s: int,
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     started = time.perf_counter()
+    processes = Started()  # what this notebook's run starts (its kernel and the kernel's children), nothing else
     try:
         execute(notebook, staging / f"{name}.ipynb", {**params, "out_dir": str(staging.resolve())}, timeout_s)
         check_findings(staging / f"{name}.ipynb")
@@ -193,12 +194,12 @@ def run_notebook(notebook: Path, profile: str, out: Path, timeout_s: int,
         raise PipelineError(f"{name} failed in cell {e.exec_count}: {e.ename}: {e.evalue}") from None
     except Exception as e:  # the kernel died, a timeout, the report could not be rendered, ...
         with SIGNALS.hold():
-            stop_children()
+            processes.stop()
             shutil.rmtree(staging, ignore_errors=True)
         raise PipelineError(f"{name} failed: {type(e).__name__}: {e}") from e
     except BaseException:  # Interrupted (SIGINT/SIGTERM), SystemExit
         with SIGNALS.hold():
-            stop_children()
+            processes.stop()
             shutil.rmtree(staging, ignore_errors=True)
         raise
     if cleaned.stderr_dropped or cleaned.reprs_dropped or cleaned.alt_fallback:

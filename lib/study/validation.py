@@ -1,6 +1,7 @@
-"""Parameter checks that fail early with one message naming what is wrong and what is allowed.
+"""The study's parameter checks: they fail early with one message naming what is wrong and what is allowed.
 
-Every study validates its configuration with these before any training starts, so a typo in a
+They belong to the study (its configs and its notebooks' papermill parameters), not to the ``freezing``
+library. Every study validates its configuration with these before any training starts, so a typo in a
 papermill parameter or a YAML file stops the run with a readable ``ValueError``. Each check returns
 the value it accepted, so it can be used inline: ``steps = check_positive_int("steps", steps)``.
 Booleans are not numbers here (``True`` is rejected where an integer is asked for), and neither are
