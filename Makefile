@@ -11,14 +11,15 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONHASHSEED ?= 0
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test test-slow test-oldest ci smoke reproduce bench lab clean distclean
+.PHONY: help venv test test-slow test-oldest test-gpu ci smoke reproduce bench lab clean distclean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(STAMP): requirements.txt pyproject.toml lib/pyproject.toml
+$(STAMP): requirements.txt requirements-keras-hub.txt pyproject.toml lib/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-keras-hub.txt  # no 2nd TensorFlow
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e lib  # the study
 	@touch $(STAMP)
@@ -39,6 +40,17 @@ $(OLDEST_STAMP): requirements-oldest.txt pyproject.toml
 
 test-oldest: $(OLDEST_STAMP) ## The library's tests, slow ones included (MirroredStrategy), on the oldest Keras/TensorFlow declared
 	$(OLDEST)/bin/python -m pytest -m "slow or not slow" tests/library tests/keras_suite lib/freezing
+
+# FREEZING_GPU_TESTS_ON_CPU=1 runs the same tests and bench on the CPU: a check that they run, nothing about a GPU.
+test-gpu: $(STAMP) ## On a GPU (< 5 min): masked fit under XLA, mixed float16/bfloat16, MirroredStrategy, mask placement, a bench ratio
+	@if [ "$$FREEZING_GPU_TESTS_ON_CPU" = 1 ] || $(PY) -c "import sys, tensorflow as tf; sys.exit(not tf.config.list_physical_devices('GPU'))" 2>/dev/null; then \
+		$(PY) -c "import tensorflow as tf; print('devices:', [d.name for d in tf.config.list_logical_devices()], tf.config.experimental.get_device_details(tf.config.list_physical_devices('GPU')[0]) if tf.config.list_physical_devices('GPU') else '')" && \
+		$(PY) -m pytest -m gpu tests/gpu -s -rA --timeout 240 && \
+		$(PY) bench/bench_masked_fit.py --jit --rounds 5 --epochs 1 --steps 20 --variants hold; \
+	else \
+		echo "no GPU: make test-gpu skipped"; \
+		echo "  (TensorFlow lists no GPU; the lock installs tensorflow-cpu: see README, Environment, GPU)"; \
+	fi
 
 ci: test test-slow test-oldest ## What CI runs (.ci/run)
 

@@ -14,6 +14,8 @@ One module per idea:
                           through the wrapper), ``_saving`` (config and state), ``_sparse_state``
                           (state for a fixed selection only), ``_distribute`` (what each strategy runs
                           or refuses).
+* ``loading``          -- ``load_model``: ``keras.saving.load_model`` that also restores the optimizer of a
+                          model with its own ``compile`` (keras-hub tasks), masks and state included.
 * ``schedule``         -- ``MaskSchedule``: staged unfreezing inside one ``fit`` call.
 * ``audit``            -- ``FreezeAudit``: how many frozen entries moved, and by how much.
 * ``diagnose``         -- ``diagnose``: every cause that can move entries you believe frozen, and the fix.
@@ -43,6 +45,7 @@ from freezing.audit import FreezeAudit
 from freezing.determinism import enable_determinism
 from freezing.diagnose import CAUSES, Cause, Diagnosis, diagnose
 from freezing.gates import gate
+from freezing.loading import load_model
 from freezing.masked_optimizer import NORMS, POLICIES, STATES, MaskedOptimizer
 from freezing.schedule import MaskSchedule
 from freezing.selection import select_variables, variable_path
@@ -68,6 +71,7 @@ __all__ = [
     "diagnose",
     "enable_determinism",
     "gate",
+    "load_model",
     "reset_slots",
     "restore_slots",
     "select_variables",
