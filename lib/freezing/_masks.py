@@ -52,18 +52,26 @@ def graph_mode(keep: tf.Tensor) -> tf.Tensor:
 ALLOWED = "bool, or numbers that are each 0 or 1 (1/True = trains, 0/False = frozen)"
 
 
+def _path(variable: Any) -> str:
+    """The variable's path; before ``build`` a mask names its variable by the path string itself."""
+    return variable if isinstance(variable, str) else variable_path(variable)
+
+
 def check_values(array: np.ndarray, what: str, variable: Any) -> None:
-    """Refuse a mask whose values are not 0/1 (NaN, 0.5, 2, inf): one message naming the first offender."""
+    """Refuse a mask whose values are not 0/1 (NaN, 0.5, 2, inf): one message naming the first offender.
+
+    ``variable`` is a variable, or (before ``build``) its path string.
+    """
     if array.dtype.kind == "b":
         return
     if array.dtype.kind not in "iuf":
-        raise ValueError(f"MaskedOptimizer: {what} for {variable_path(variable)!r} has dtype {array.dtype}; expected {ALLOWED}")
+        raise ValueError(f"MaskedOptimizer: {what} for {_path(variable)!r} has dtype {array.dtype}; expected {ALLOWED}")
     bad = ~((array == 0) | (array == 1))
     if bad.any():
         first = array[bad].flat[0].item()
         count = int(np.count_nonzero(bad))
         raise ValueError(
-            f"MaskedOptimizer: {what} for {variable_path(variable)!r} has {count} value(s) that are not 0 or 1 "
+            f"MaskedOptimizer: {what} for {_path(variable)!r} has {count} value(s) that are not 0 or 1 "
             f"(the first: {first!r}); expected {ALLOWED}"
         )
 
@@ -86,6 +94,8 @@ def _check_shape(shape: tuple[int, ...] | None, rank: int | None, variable: Any,
 def check_mask(keep: Any, variable: Any, where: str) -> np.ndarray:
     """A host mask as a boolean array, checked: 0/1 values only, broadcastable to the variable without growing it.
 
+    Before ``build`` ``variable`` is the path string: the values are checked now, the shape at ``build``.
+
     >>> import keras; v = keras.Variable([1.0, 2.0], name="w")
     >>> check_mask([1, 0], v, "set_mask").tolist()
     [True, False]
@@ -98,9 +108,10 @@ def check_mask(keep: Any, variable: Any, where: str) -> np.ndarray:
     try:
         array = np.asarray(keep)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"MaskedOptimizer: {what} for {variable_path(variable)!r} is not array-like: {e}") from None
+        raise ValueError(f"MaskedOptimizer: {what} for {_path(variable)!r} is not array-like: {e}") from None
     check_values(array, what, variable)
-    _check_shape(array.shape, array.ndim, variable, what)
+    if not isinstance(variable, str):
+        _check_shape(array.shape, array.ndim, variable, what)
     return array.astype(bool)
 
 

@@ -348,9 +348,7 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         """
         variable = self._resolve(target)
         if isinstance(variable, str):  # before build: the values are checked now, the shape at build
-            array = np.asarray(trainable)
-            _masks.check_values(array, "the mask (set_mask)", variable)
-            self._pending[variable] = array.astype(bool)
+            self._pending[variable] = _masks.check_mask(trainable, variable, "set_mask")
             return
         self._store(variable, trainable, reset=self.policy == "reset")
 
