@@ -150,21 +150,38 @@ def as_keep(mask: Any, variable: Any, what: str) -> tf.Tensor:
         return tf.not_equal(keep, tf.zeros((), keep.dtype))
 
 
-def slot_keep(keep: tf.Tensor, variable: Any, slot: Any) -> tf.Tensor:
+def slot_keep(keep: tf.Tensor, variable: Any, slot: Any, axis: int | None = None) -> tf.Tensor:
     """The mask of an optimizer variable that belongs to ``variable``.
 
     A slot shaped like the variable has the variable's mask. A statistic shared by several entries
     (Adafactor's row and column factors: the variable's shape with one axis removed; a scalar
     placeholder) is held only when every entry that shares it is frozen: the mask is an any-of over
-    the axes the statistic does not have.
+    the axis the statistic averages over. That axis is ``axis`` when the statistic's role is known
+    (``_keras_api.factor_axis``), not guessed from shapes: on a square kernel a row and a column
+    statistic have the same shape. A statistic of unknown role that several axes fit is held only
+    where every entry along each of them is frozen (so it is never held for an entry that trains).
+
+    >>> keep = tf.constant([[True, False], [False, False]])  # row 1 and column 1 wholly frozen
+    >>> v, factor = tf.zeros((2, 2)), tf.zeros(2)
+    >>> slot_keep(keep, v, factor, axis=-1).numpy().tolist(), slot_keep(keep, v, factor, axis=-2).numpy().tolist()
+    ([True, False], [True, False])
+    >>> keep = tf.constant([[True, True], [False, False]])  # row 1 frozen, no column wholly frozen
+    >>> slot_keep(keep, v, factor, axis=-1).numpy().tolist(), slot_keep(keep, v, factor, axis=-2).numpy().tolist()
+    ([True, False], [True, True])
     """
     var_shape, slot_shape = tuple(variable.shape), tuple(slot.shape)
     if slot_shape == var_shape or keep.shape.rank == 0:
         return keep
     full = tf.broadcast_to(keep, var_shape)
-    for axis in range(len(var_shape)):
-        if var_shape[:axis] + var_shape[axis + 1:] == slot_shape:
-            return tf.reduce_any(full, axis=axis)
+    rank = len(var_shape)
+    if axis is not None and rank and var_shape[:axis % rank] + var_shape[axis % rank + 1:] == slot_shape:
+        return tf.reduce_any(full, axis=axis % rank)
+    fits = [a for a in range(rank) if var_shape[:a] + var_shape[a + 1:] == slot_shape]
+    if fits:
+        held_nowhere = tf.reduce_any(full, axis=fits[0])
+        for a in fits[1:]:
+            held_nowhere = tf.logical_or(held_nowhere, tf.reduce_any(full, axis=a))
+        return held_nowhere
     return tf.reduce_any(full)
 
 
