@@ -10,6 +10,10 @@ says what the mask means for the step, decided on the host when the mask is stor
 
 A mask computed in the graph (``trainable_masks=`` in ``apply_gradients``, ``mask_fn``) gets its mode in the
 graph from two reductions over the mask (``reduce_all``/``reduce_any``).
+
+A stored mask's shape is dynamic, so a new mask never retraces the step; under XLA, which compiles for
+concrete shapes, each new combination of the stored masks' shapes compiles the step once
+(``tests/library/test_masked_optimizer_xla_compiles.py`` counts it).
 """
 
 from __future__ import annotations

@@ -24,7 +24,10 @@ Masks are optimizer state: one boolean variable per trainable variable, scalar `
 variable, such as one per output column, is stored at its own shape), and 4 bytes per variable
 for its mode (``int32``: the smallest integer tf.distribute's collectives broadcast). The graph reads
 these variables, so a mask changed between batches or epochs takes effect on the next step with no
-recompiling and no retracing, and masks save with the model and restore from a checkpoint.
+``compile()`` and no retracing, and masks save with the model and restore from a checkpoint. Under XLA
+(``jit_compile=True``) the step is compiled once per combination of the stored masks' shapes: a mask that
+takes a shape the step has not run with (no mask or wholly frozen: a scalar; partly frozen: the mask's own
+shape) makes the next step compile once more; a mask of a shape already seen compiles nothing.
 
 Edge cases, decided:
 
