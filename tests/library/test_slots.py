@@ -155,20 +155,22 @@ def test_reset_slots_with_ema_keeps_frozen_weights_through_the_final_overwrite()
     assert (average[frozen] == before[frozen]).all()
 
 
-def test_stash_and_restore_leave_the_ema_average_alone():
+def test_stash_and_restore_leave_the_ema_average_and_the_accumulator_alone():
     from freezing.slots import moments
 
-    opt = keras.optimizers.Adam(0.1, use_ema=True)
+    opt = keras.optimizers.Adam(0.1, use_ema=True, gradient_accumulation_steps=3)
     w = _trained(opt)
-    assert sorted(slots(opt, w)) == ["average", "momentum", "velocity"]
+    assert sorted(slots(opt, w)) == ["average", "gradient_accumulator", "momentum", "velocity"]
     assert sorted(moments(opt, w)) == ["momentum", "velocity"]
     frozen = np.array([True, False, True, False])
     stash = stash_slots(opt, w, where=frozen)
     assert sorted(stash.values) == ["momentum", "velocity"]
-    average = slots(opt, w)["average"]
+    average, accumulator = slots(opt, w)["average"], slots(opt, w)["gradient_accumulator"]
     average.assign([5.0, 6.0, 7.0, 8.0])
+    accumulator.assign([1.0, 2.0, 3.0, 4.0])
     restore_slots(opt, w, stash)
     assert average.numpy().tolist() == [5.0, 6.0, 7.0, 8.0]
+    assert accumulator.numpy().tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
 @pytest.mark.parametrize("options, message", [
