@@ -253,7 +253,7 @@ def reset_slots(
         variable: a variable the optimizer trains.
         where: a boolean mask that broadcasts to the variable's shape (array, list or tensor; a
             placeholder in graph mode), True where to reset; None resets every entry.
-        value: the value to write instead of each slot's initial value.
+        value: the value to write instead of each moment's initial value (the EMA average still gets the weight).
         session: graph mode only: a ``tf.compat.v1.Session`` that runs the op now.
 
     Returns:
