@@ -404,7 +404,8 @@ def test_following_the_printed_reset_slots_fix_with_ema_keeps_frozen_entries_thr
     layer.gated.assign(keep)  # the gate: zero gradient where frozen; then the printed fix, after every step
     reset_slots(opt, kernel, where=frozen)
     before = kernel.numpy().copy()
-    after_each = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: reset_slots(opt, kernel, where=frozen))
+    after_each = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: reset_slots(opt, kernel, where=frozen))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model.fit(X, Y, batch_size=8, epochs=3, verbose=0, shuffle=False, callbacks=[after_each])  # ends by finalize

@@ -174,7 +174,8 @@ def test_a_refused_mask_names_the_problem_and_changes_nothing(bad, message):
 
 
 @pytest.mark.parametrize("bad, message", [
-    ([np.nan, 1.0, 0.0], r"^MaskedOptimizer: the mask \(set_mask\) for 'w' has 1 value\(s\) that are not 0 or 1 \(the first: nan\)"),
+    ([np.nan, 1.0, 0.0], r"^MaskedOptimizer: the mask \(set_mask\) for 'w' has 1 value\(s\) that are not 0 or 1 "
+                         r"\(the first: nan\)"),
     ([0.5, 1.0, 0.0], r"^MaskedOptimizer: the mask \(set_mask\) for 'w' .* \(the first: 0.5\)"),
     ("abc", r"^MaskedOptimizer: the mask \(set_mask\) for 'w' has dtype <U3"),
     ([[1, 0], [1]], r"^MaskedOptimizer: the mask \(set_mask\) for 'w' is not array-like"),
