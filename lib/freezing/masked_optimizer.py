@@ -39,7 +39,9 @@ Edge cases, decided:
 * Optimizers whose update of one entry reads others' state (Lamb, Adafactor, Muon, ScheduleFreeAdamW):
   their trainable entries get the bits Keras gives on the same gradients in the step; frozen entries'
   state is copied back after Keras' ``update_step``. A statistic shared by several entries
-  (Adafactor's row and column factors) is held only when every entry sharing it is frozen.
+  (Adafactor's row and column factors, told apart by role, not shape) is held only when every entry
+  sharing it is frozen. Where a wholly frozen row meets a wholly frozen column, Keras' Adafactor on the
+  zeroed gradients turns every entry NaN (a zero velocity there); ``norms="all"`` avoids it.
 * Constraints: the constraint sees the whole variable; only trainable entries take its result.
 * Gradient accumulation: a frozen entry's accumulator neither grows nor resets; what it
   accumulated while trainable is applied on the first update step after it is unfrozen.
