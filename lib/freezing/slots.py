@@ -151,9 +151,9 @@ def moments(optimizer: Any, variable: Any) -> dict[str, Any]:
 
 def _average(optimizer: Any, variable: Any) -> tuple[Any, Any]:
     """(the EMA average of ``variable``, the variable it averages), or (None, None) without ``use_ema``."""
-    leaf, reference, found = _state(optimizer, variable)
-    averages = [slot for slot, attr in found.values() if attr == "_model_variables_moving_average"]
-    return (averages[0], reference) if averages and getattr(leaf, "use_ema", False) else (None, None)
+    leaf, reference, _ = _state(optimizer, variable)  # checks that the optimizer is built and knows the variable
+    averages = _keras_api.ema_averages(leaf) if isinstance(leaf, keras.optimizers.Optimizer) else []
+    return (averages[_keras_api.index(leaf, reference)], reference) if averages else (None, None)
 
 
 def _refuse_outside_update_step(optimizer: Any, who: str) -> None:
