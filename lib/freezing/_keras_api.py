@@ -162,6 +162,24 @@ def per_variable_lists(optimizer: Any) -> dict[str, Sequence[Any]]:
     return found
 
 
+FACTORS = {"_r": -1, "_c": -2}
+"""Adafactor's factored second moments, by list name -> the axis of the variable each averages over: ``_r``
+holds one statistic per row (the mean over the last axis), ``_c`` one per column (over the second last).
+On a square kernel both have the same shape, so only the name says which is which."""
+
+
+def factor_axis(optimizer: Any, attr: str) -> int | None:
+    """The axis of a variable that the per-variable list ``attr`` of ``optimizer`` averages over, when it is a
+    factored statistic whose role is known (Adafactor's ``_r``/``_c``); None for any other list.
+
+    >>> factor_axis(keras.optimizers.Adafactor(), "_r"), factor_axis(keras.optimizers.Adafactor(), "_v")
+    (-1, None)
+    """
+    if isinstance(optimizer, keras.optimizers.Adafactor):
+        return FACTORS.get(attr)
+    return None
+
+
 OUTSIDE_UPDATE_STEP = ("_model_variables_moving_average", "_accumulated_gradients")
 """Per-variable lists that ``update_step`` does not write: the EMA averages and the gradient accumulators."""
 

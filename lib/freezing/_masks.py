@@ -10,6 +10,10 @@ says what the mask means for the step, decided on the host when the mask is stor
 
 A mask computed in the graph (``trainable_masks=`` in ``apply_gradients``, ``mask_fn``) gets its mode in the
 graph from two reductions over the mask (``reduce_all``/``reduce_any``).
+
+A stored mask's shape is dynamic, so a new mask never retraces the step; under XLA, which compiles for
+concrete shapes, each new combination of the stored masks' shapes compiles the step once
+(``tests/library/test_masked_optimizer_xla_compiles.py`` counts it).
 """
 
 from __future__ import annotations
@@ -52,18 +56,26 @@ def graph_mode(keep: tf.Tensor) -> tf.Tensor:
 ALLOWED = "bool, or numbers that are each 0 or 1 (1/True = trains, 0/False = frozen)"
 
 
+def _path(variable: Any) -> str:
+    """The variable's path; before ``build`` a mask names its variable by the path string itself."""
+    return variable if isinstance(variable, str) else variable_path(variable)
+
+
 def check_values(array: np.ndarray, what: str, variable: Any) -> None:
-    """Refuse a mask whose values are not 0/1 (NaN, 0.5, 2, inf): one message naming the first offender."""
+    """Refuse a mask whose values are not 0/1 (NaN, 0.5, 2, inf): one message naming the first offender.
+
+    ``variable`` is a variable, or (before ``build``) its path string.
+    """
     if array.dtype.kind == "b":
         return
     if array.dtype.kind not in "iuf":
-        raise ValueError(f"MaskedOptimizer: {what} for {variable_path(variable)!r} has dtype {array.dtype}; expected {ALLOWED}")
+        raise ValueError(f"MaskedOptimizer: {what} for {_path(variable)!r} has dtype {array.dtype}; expected {ALLOWED}")
     bad = ~((array == 0) | (array == 1))
     if bad.any():
         first = array[bad].flat[0].item()
         count = int(np.count_nonzero(bad))
         raise ValueError(
-            f"MaskedOptimizer: {what} for {variable_path(variable)!r} has {count} value(s) that are not 0 or 1 "
+            f"MaskedOptimizer: {what} for {_path(variable)!r} has {count} value(s) that are not 0 or 1 "
             f"(the first: {first!r}); expected {ALLOWED}"
         )
 
@@ -86,6 +98,8 @@ def _check_shape(shape: tuple[int, ...] | None, rank: int | None, variable: Any,
 def check_mask(keep: Any, variable: Any, where: str) -> np.ndarray:
     """A host mask as a boolean array, checked: 0/1 values only, broadcastable to the variable without growing it.
 
+    Before ``build`` ``variable`` is the path string: the values are checked now, the shape at ``build``.
+
     >>> import keras; v = keras.Variable([1.0, 2.0], name="w")
     >>> check_mask([1, 0], v, "set_mask").tolist()
     [True, False]
@@ -98,9 +112,10 @@ def check_mask(keep: Any, variable: Any, where: str) -> np.ndarray:
     try:
         array = np.asarray(keep)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"MaskedOptimizer: {what} for {variable_path(variable)!r} is not array-like: {e}") from None
+        raise ValueError(f"MaskedOptimizer: {what} for {_path(variable)!r} is not array-like: {e}") from None
     check_values(array, what, variable)
-    _check_shape(array.shape, array.ndim, variable, what)
+    if not isinstance(variable, str):
+        _check_shape(array.shape, array.ndim, variable, what)
     return array.astype(bool)
 
 
@@ -139,21 +154,38 @@ def as_keep(mask: Any, variable: Any, what: str) -> tf.Tensor:
         return tf.not_equal(keep, tf.zeros((), keep.dtype))
 
 
-def slot_keep(keep: tf.Tensor, variable: Any, slot: Any) -> tf.Tensor:
+def slot_keep(keep: tf.Tensor, variable: Any, slot: Any, axis: int | None = None) -> tf.Tensor:
     """The mask of an optimizer variable that belongs to ``variable``.
 
     A slot shaped like the variable has the variable's mask. A statistic shared by several entries
     (Adafactor's row and column factors: the variable's shape with one axis removed; a scalar
     placeholder) is held only when every entry that shares it is frozen: the mask is an any-of over
-    the axes the statistic does not have.
+    the axis the statistic averages over. That axis is ``axis`` when the statistic's role is known
+    (``_keras_api.factor_axis``), not guessed from shapes: on a square kernel a row and a column
+    statistic have the same shape. A statistic of unknown role that several axes fit is held only
+    where every entry along each of them is frozen (so it is never held for an entry that trains).
+
+    >>> keep = tf.constant([[True, False], [False, False]])  # row 1 and column 1 wholly frozen
+    >>> v, factor = tf.zeros((2, 2)), tf.zeros(2)
+    >>> slot_keep(keep, v, factor, axis=-1).numpy().tolist(), slot_keep(keep, v, factor, axis=-2).numpy().tolist()
+    ([True, False], [True, False])
+    >>> keep = tf.constant([[True, True], [False, False]])  # row 1 frozen, no column wholly frozen
+    >>> slot_keep(keep, v, factor, axis=-1).numpy().tolist(), slot_keep(keep, v, factor, axis=-2).numpy().tolist()
+    ([True, False], [True, True])
     """
     var_shape, slot_shape = tuple(variable.shape), tuple(slot.shape)
     if slot_shape == var_shape or keep.shape.rank == 0:
         return keep
     full = tf.broadcast_to(keep, var_shape)
-    for axis in range(len(var_shape)):
-        if var_shape[:axis] + var_shape[axis + 1:] == slot_shape:
-            return tf.reduce_any(full, axis=axis)
+    rank = len(var_shape)
+    if axis is not None and rank and var_shape[:axis % rank] + var_shape[axis % rank + 1:] == slot_shape:
+        return tf.reduce_any(full, axis=axis % rank)
+    fits = [a for a in range(rank) if var_shape[:a] + var_shape[a + 1:] == slot_shape]
+    if fits:
+        held_nowhere = tf.reduce_any(full, axis=fits[0])
+        for a in fits[1:]:
+            held_nowhere = tf.logical_or(held_nowhere, tf.reduce_any(full, axis=a))
+        return held_nowhere
     return tf.reduce_any(full)
 
 

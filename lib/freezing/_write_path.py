@@ -384,14 +384,15 @@ def entries_for(leaves: Sequence[Any], variables: Sequence[Any], keeps: dict[int
                 if slot is None or any(slot is s for s, _, _ in slots):
                     continue
                 is_average = average is not None and slot is average
-                target = Target(_slot_keep(keep, v, slot), variable_path(slot), source=v if is_average else None)
+                target = Target(_slot_keep(keep, v, slot, api.factor_axis(leaf, attr)), variable_path(slot),
+                                source=v if is_average else None)
                 slots.append((slot, target, attr not in api.OUTSIDE_UPDATE_STEP))
         entries[k] = Entry(modes[k], Target(keep, variable_path(v)), slots)
     return entries
 
 
-def _slot_keep(keep: Callable[[], tf.Tensor], variable: Any, slot: Any) -> Callable[[], tf.Tensor]:
-    return lambda: _masks.slot_keep(keep(), variable, slot)
+def _slot_keep(keep: Callable[[], tf.Tensor], variable: Any, slot: Any, axis: int | None) -> Callable[[], tf.Tensor]:
+    return lambda: _masks.slot_keep(keep(), variable, slot, axis)
 
 
 def reset_frozen_slots(entries: dict[int, Entry], initial: Callable[[Any], float]) -> None:

@@ -33,10 +33,10 @@ FIXES = {
     "not_masked": "The MaskedOptimizer's mask lets these entries train: call opt.set_mask(...) with them set to False.",
     "trainable_changed_after_compile": "trainable was set to False after fit traced its train step, which still updates it: recompile with a fresh optimizer, or use freezing.MaskedOptimizer masks.",
     "unknown_to_optimizer": "It is trainable but the built optimizer does not know it, so the next traced step raises 'Unknown variable' and a fresh optimizer trains it: set trainable = False and recompile.",
-    "moments": "The optimizer's momentum for these entries is not at its initial value, so a zero gradient still moves them: freezing.reset_slots(opt, v, where=frozen) or freezing.MaskedOptimizer.",
+    "moments": "The optimizer's momentum for these entries is not at its initial value, so a zero gradient still moves them: call freezing.reset_slots(opt, v, where=frozen) after every step, or use freezing.MaskedOptimizer.",
     "weight_decay": "Weight decay shrinks non-zero entries whatever the gradient: exclude the variable with opt.exclude_from_weight_decay before build, or use freezing.MaskedOptimizer.",
     "constraint": "Keras applies the constraint to every entry after each step: remove it, or hold the entries with freezing.MaskedOptimizer.",
-    "ema": "With use_ema Keras overwrites the weights with their moving averages (every ema_overwrite_frequency steps and at the end of fit): set use_ema=False, or hold the entries with freezing.MaskedOptimizer.",
+    "ema": "With use_ema Keras overwrites the weights with their moving averages (every ema_overwrite_frequency steps and at the end of fit): set use_ema=False, call freezing.reset_slots(opt, v, where=frozen) after every step (it sets their averages to their weights; not with an ema_overwrite_frequency), or hold the entries with freezing.MaskedOptimizer.",
     "batchnorm_statistics": "BatchNormalization updates its moving statistics in training mode whatever the optimizer: set the layer's trainable = False and recompile (it then runs in inference mode).",
 }
 """One fix per cause, as shown in the ``fix`` column."""
@@ -191,8 +191,10 @@ def _moved_by_moments(opt: Any, v: Any) -> np.ndarray | bool:
     if not opt.built:
         return False  # fresh state: a zero gradient is a zero step
     moved: np.ndarray | bool = False
+    averages = _keras_api.ema_averages(opt)  # an EMA average moves nothing in a step: the "ema" row's cause
+    average = averages[_keras_api.index(opt, v)] if averages else None
     for name, slot in slots(opt, v).items():
-        if name in _NORMALISERS:
+        if name in _NORMALISERS or slot is average:
             continue
         off = np.asarray(slot.numpy()) != slot_initial_value(opt, name)
         moved = moved | (off if off.shape == tuple(v.shape) else bool(off.any()))

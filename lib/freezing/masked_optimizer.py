@@ -24,7 +24,10 @@ Masks are optimizer state: one boolean variable per trainable variable, scalar `
 variable, such as one per output column, is stored at its own shape), and 4 bytes per variable
 for its mode (``int32``: the smallest integer tf.distribute's collectives broadcast). The graph reads
 these variables, so a mask changed between batches or epochs takes effect on the next step with no
-recompiling and no retracing, and masks save with the model and restore from a checkpoint.
+``compile()`` and no retracing, and masks save with the model and restore from a checkpoint. Under XLA
+(``jit_compile=True``) the step is compiled once per combination of the stored masks' shapes: a mask that
+takes a shape the step has not run with (no mask or wholly frozen: a scalar; partly frozen: the mask's own
+shape) makes the next step compile once more; a mask of a shape already seen compiles nothing.
 
 Edge cases, decided:
 
@@ -36,7 +39,9 @@ Edge cases, decided:
 * Optimizers whose update of one entry reads others' state (Lamb, Adafactor, Muon, ScheduleFreeAdamW):
   their trainable entries get the bits Keras gives on the same gradients in the step; frozen entries'
   state is copied back after Keras' ``update_step``. A statistic shared by several entries
-  (Adafactor's row and column factors) is held only when every entry sharing it is frozen.
+  (Adafactor's row and column factors, told apart by role, not shape) is held only when every entry
+  sharing it is frozen. Where a wholly frozen row meets a wholly frozen column, Keras' Adafactor on the
+  zeroed gradients turns every entry NaN (a zero velocity there); ``norms="all"`` avoids it.
 * Constraints: the constraint sees the whole variable; only trainable entries take its result.
 * Gradient accumulation: a frozen entry's accumulator neither grows nor resets; what it
   accumulated while trainable is applied on the first update step after it is unfrozen.
@@ -353,9 +358,7 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         """
         variable = self._resolve(target)
         if isinstance(variable, str):  # before build: the values are checked now, the shape at build
-            array = np.asarray(trainable)
-            _masks.check_values(array, "the mask (set_mask)", variable)
-            self._pending[variable] = array.astype(bool)
+            self._pending[variable] = _masks.check_mask(trainable, variable, "set_mask")
             return
         self._store(variable, trainable, reset=self.policy == "reset")
 

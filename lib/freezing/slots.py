@@ -6,6 +6,20 @@ under Adam because its moments carry over, so either reset the moments of the fr
 (``stash_slots`` / ``restore_slots``). Works for Keras 3 optimizers, ``tf.compat.v1.train``
 optimizers (graph and eager mode), and anything wrapping them (``MaskedOptimizer``,
 ``LossScaleOptimizer``).
+
+``reset_slots``, ``stash_slots`` and ``restore_slots`` touch the optimizer's *moments* only (what
+``update_step`` reads and writes: m, v, accumulators of squares, Adafactor's factors). Two kinds of
+per-variable state are not moments, and are handled as ``MaskedOptimizer`` handles them:
+
+* the EMA average (``use_ema=True``): a frozen entry's average is its weight. ``reset_slots`` sets the
+  average of the entries it resets to their weight, so ``fit``'s final overwrite
+  (``finalize_variable_values``) and ``SwapEMAWeights`` hand a frozen weight its own bits back; stash
+  and restore leave averages alone. An ``ema_overwrite_frequency`` is refused: Keras then overwrites
+  the weights *inside* the step, from an average it has just recomputed (``m*w + (1-m)*w`` is not
+  ``w`` in floating point), before ``reset_slots`` can run.
+* the gradient accumulator (``gradient_accumulation_steps``) is refused by ``reset_slots``: Keras adds
+  what a frozen entry accumulated while it trained at the next update step, whatever its moments are,
+  and zeroing it would drop that gradient (``MaskedOptimizer`` holds it until the entry is unfrozen).
 """
 
 from __future__ import annotations
@@ -21,7 +35,7 @@ from freezing._wrappers import unwrap, wrapper_chain
 from freezing.selection import variable_path
 
 
-def _keras_slots(optimizer: keras.optimizers.Optimizer, variable: Any) -> dict[str, Any]:
+def _keras_slots(optimizer: keras.optimizers.Optimizer, variable: Any) -> dict[str, tuple[Any, str]]:
     if not optimizer.built:
         raise ValueError(
             f"slots: optimizer {optimizer.name!r} is not built yet; call optimizer.build(variables) first"
@@ -46,8 +60,26 @@ def _keras_slots(optimizer: keras.optimizers.Optimizer, variable: Any) -> dict[s
         last = path.rsplit("/", 1)[-1]
         own = last.split(":")[0] in (ref.rsplit("/", 1)[-1], str(getattr(variable, "name", "")).split(":")[0])
         name = path[len(prefix):] if path.startswith(prefix) else attr.strip("_") if own or not last else last
-        result[name] = slot
+        result[name] = (slot, attr)
     return result
+
+
+def _state(optimizer: Any, variable: Any) -> tuple[Any, Any, dict[str, tuple[Any, str | None]]]:
+    """(the optimizer that owns the state, the variable it keeps it for, ``{name: (slot, list name or None)}``)."""
+    for wrapper in wrapper_chain(optimizer):  # a MaskedOptimizer with sparse state keeps it for a scratch variable
+        reference = getattr(getattr(wrapper, "_sparse", None), "reference", None)
+        if reference is not None and getattr(wrapper, "built", False):
+            variable = reference(variable)
+    optimizer = unwrap(optimizer)
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        found = {name: optimizer.get_slot(variable, name) for name in optimizer.get_slot_names()}
+        return optimizer, variable, {name: (slot, None) for name, slot in found.items() if slot is not None}
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        return optimizer, variable, _keras_slots(optimizer, variable)
+    raise TypeError(
+        f"slots: expected a Keras 3 optimizer, a tf.compat.v1.train optimizer or a MaskedOptimizer; "
+        f"got {type(optimizer).__name__}"
+    )
 
 
 def slots(optimizer: Any, variable: Any) -> dict[str, Any]:
@@ -58,6 +90,8 @@ def slots(optimizer: Any, variable: Any) -> dict[str, Any]:
     their slot names (Adam: ``m``, ``v``; RMSProp: ``rms``, ``momentum``, ``mg``). Wrappers
     (``MaskedOptimizer``, ``LossScaleOptimizer``) are looked through. Plain SGD has none. A variable
     with ``MaskedOptimizer(..., state="sparse")`` state has slots of its K trainable entries only.
+    With ``use_ema=True`` the EMA average is listed (``average``), with ``gradient_accumulation_steps``
+    the gradient accumulator (``gradient_accumulator``); ``moments`` leaves both out.
 
     Args:
         optimizer: a Keras 3 optimizer (built), a ``tf.compat.v1.train.Optimizer``, or a wrapper of one.
@@ -83,20 +117,68 @@ def slots(optimizer: Any, variable: Any) -> dict[str, Any]:
         >>> slots(adam, w)["momentum"].numpy().round(4).tolist()
         [0.1, -0.1]
     """
-    for wrapper in wrapper_chain(optimizer):  # a MaskedOptimizer with sparse state keeps it for a scratch variable
-        reference = getattr(getattr(wrapper, "_sparse", None), "reference", None)
-        if reference is not None and getattr(wrapper, "built", False):
-            variable = reference(variable)
-    optimizer = unwrap(optimizer)
-    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
-        found = {name: optimizer.get_slot(variable, name) for name in optimizer.get_slot_names()}
-        return {name: slot for name, slot in found.items() if slot is not None}
-    if isinstance(optimizer, keras.optimizers.Optimizer):
-        return _keras_slots(optimizer, variable)
-    raise TypeError(
-        f"slots: expected a Keras 3 optimizer, a tf.compat.v1.train optimizer or a MaskedOptimizer; "
-        f"got {type(optimizer).__name__}"
-    )
+    return {name: slot for name, (slot, _) in _state(optimizer, variable)[2].items()}
+
+
+def moments(optimizer: Any, variable: Any) -> dict[str, Any]:
+    """The slots of ``variable`` that are moments: every slot but the EMA average and the gradient accumulator.
+
+    What ``reset_slots``, ``stash_slots`` and ``restore_slots`` reset, save and put back: the state
+    ``update_step`` reads and writes. ``slots`` lists the average and accumulator too.
+
+    Args:
+        optimizer: as for ``slots``.
+        variable: a variable the optimizer trains.
+
+    Returns:
+        ``{slot name: slot variable}``, a subset of ``slots(optimizer, variable)``.
+
+    Raises:
+        ValueError, TypeError: as ``slots`` does.
+
+    Example:
+        >>> import keras
+        >>> import tensorflow as tf
+        >>> w = tf.Variable([0.0, 0.0], name="w")
+        >>> adam = keras.optimizers.Adam(0.1, use_ema=True)
+        >>> adam.build([w])
+        >>> sorted(slots(adam, w)), sorted(moments(adam, w))
+        (['average', 'momentum', 'velocity'], ['momentum', 'velocity'])
+    """
+    found = _state(optimizer, variable)[2]
+    return {name: slot for name, (slot, attr) in found.items() if attr not in _keras_api.OUTSIDE_UPDATE_STEP}
+
+
+def _average(optimizer: Any, variable: Any) -> tuple[Any, Any]:
+    """(the EMA average of ``variable``, the variable it averages), or (None, None) without ``use_ema``."""
+    leaf, reference, _ = _state(optimizer, variable)  # checks that the optimizer is built and knows the variable
+    averages = _keras_api.ema_averages(leaf) if isinstance(leaf, keras.optimizers.Optimizer) else []
+    return (averages[_keras_api.index(leaf, reference)], reference) if averages else (None, None)
+
+
+def _refuse_outside_update_step(optimizer: Any, who: str) -> None:
+    """Refuse state that ``reset_slots`` cannot keep frozen entries still with (see the module docstring)."""
+    from freezing.masked_optimizer import MaskedOptimizer  # here: masked_optimizer imports this module
+
+    if any(isinstance(o, MaskedOptimizer) for o in wrapper_chain(optimizer)):
+        return  # its masks hold the average and the accumulator of every entry they freeze
+    leaf = unwrap(optimizer)
+    steps = getattr(leaf, "gradient_accumulation_steps", None)
+    if steps:
+        raise ValueError(
+            f"{who}: {type(leaf).__name__}(gradient_accumulation_steps={steps}) adds what a frozen entry accumulated "
+            "while it trained at the next update step, whatever its moments are, and resetting the accumulator "
+            "would drop that gradient; the manual route cannot hold it. Use freezing.MaskedOptimizer, which holds "
+            "a frozen entry's accumulator until it is unfrozen."
+        )
+    frequency = getattr(leaf, "ema_overwrite_frequency", None)
+    if getattr(leaf, "use_ema", False) and frequency:
+        raise ValueError(
+            f"{who}: {type(leaf).__name__}(use_ema=True, ema_overwrite_frequency={frequency}) overwrites the weights "
+            "inside the step with averages it has just recomputed (m*w + (1-m)*w is not w in floating point), "
+            "before reset_slots can set a frozen entry's average to its weight, so frozen weights would move. "
+            "Use ema_overwrite_frequency=None (fit's final overwrite is kept exact), or freezing.MaskedOptimizer."
+        )
 
 
 def slot_initial_value(optimizer: Any, slot_name: str) -> float:
@@ -160,15 +242,18 @@ def reset_slots(
     """Set the slots of ``variable`` back to their initial values, everywhere or where ``where`` is true.
 
     ``reset_slots(adam, w, where=~mask)`` zeroes m and v of the frozen entries, the seed's fix: a
-    frozen entry whose moments are zero gets a zero Adam step from a zero gradient. Every slot of
-    ``variable`` is reset to ``slot_initial_value`` (or to ``value``) in one assign per slot.
+    frozen entry whose moments are zero gets a zero Adam step from a zero gradient. Call it after
+    every step. Every moment of ``variable`` (see ``moments``) is reset to ``slot_initial_value`` (or
+    to ``value``) in one assign per slot. With ``use_ema=True`` the EMA average of the same entries is
+    set to their weight (copied), as ``MaskedOptimizer`` keeps it, so ``fit``'s final overwrite leaves
+    them as they are.
 
     Args:
         optimizer: as for ``slots``.
         variable: a variable the optimizer trains.
         where: a boolean mask that broadcasts to the variable's shape (array, list or tensor; a
             placeholder in graph mode), True where to reset; None resets every entry.
-        value: the value to write instead of each slot's initial value.
+        value: the value to write instead of each moment's initial value (the EMA average still gets the weight).
         session: graph mode only: a ``tf.compat.v1.Session`` that runs the op now.
 
     Returns:
@@ -176,7 +261,10 @@ def reset_slots(
         to run now (when ``session`` is given it has been run already) or later.
 
     Raises:
-        ValueError, TypeError: as ``slots`` does.
+        ValueError: an optimizer with ``gradient_accumulation_steps``, or with ``use_ema`` and an
+            ``ema_overwrite_frequency`` (unless a ``MaskedOptimizer`` wraps it): the module docstring
+            says why; otherwise as ``slots`` does.
+        TypeError: as ``slots`` does.
 
     Example:
         >>> import keras
@@ -191,10 +279,14 @@ def reset_slots(
         >>> slots(adam, w)["velocity"].numpy().round(4).tolist()
         [0.0, 0.001, 0.0]
     """
+    _refuse_outside_update_step(optimizer, "reset_slots")
     ops = [
         _assign_where(slot, where, slot_initial_value(optimizer, name) if value is None else value)
-        for name, slot in slots(optimizer, variable).items()
+        for name, slot in moments(optimizer, variable).items()
     ]
+    average, reference = _average(optimizer, variable)
+    if average is not None:  # a frozen entry's average is its weight, copied
+        ops.append(_assign_where(average, where, tf.convert_to_tensor(_keras_api.tf_variable(reference))))
     return _run(ops, session)
 
 
@@ -220,7 +312,8 @@ class SlotStash:
 def stash_slots(optimizer: Any, variable: Any, where: Any = None, *, session: Any = None) -> SlotStash:
     """Save the slots of ``variable`` before freezing, to put them back with ``restore_slots`` later.
 
-    ``stash = stash_slots(adam, w, where=frozen)`` copies every slot of ``w`` now; ``where``
+    ``stash = stash_slots(adam, w, where=frozen)`` copies every moment of ``w`` now (``moments``:
+    not the EMA average, which for a frozen entry is its weight, nor the gradient accumulator); ``where``
     records which entries ``restore_slots`` will write back (the others keep whatever the
     optimizer made of them meanwhile).
 
@@ -251,7 +344,7 @@ def stash_slots(optimizer: Any, variable: Any, where: Any = None, *, session: An
         >>> sorted(stash.values), stash.values["momentum"].tolist()
         (['momentum'], [1.0, 2.0])
     """
-    found = slots(optimizer, variable)
+    found = moments(optimizer, variable)
     if tf.executing_eagerly():
         values = {name: tf.identity(slot) for name, slot in found.items()}
     else:
@@ -264,7 +357,9 @@ def stash_slots(optimizer: Any, variable: Any, where: Any = None, *, session: An
 
 
 def restore_slots(optimizer: Any, variable: Any, stash: SlotStash, *, session: Any = None) -> Any:
-    """Put stashed slot entries back (at the stash's ``where``) when they are unfrozen.
+    """Put stashed moments back (at the stash's ``where``) when those entries are unfrozen.
+
+    Only moments are written (see ``moments``): the EMA average and the gradient accumulator are not.
 
     Args:
         optimizer: as for ``slots``.
@@ -276,7 +371,7 @@ def restore_slots(optimizer: Any, variable: Any, stash: SlotStash, *, session: A
         None in eager mode; in graph mode the grouped assign op (already run when ``session`` is given).
 
     Raises:
-        ValueError: if the stash holds a slot that ``variable`` does not have; otherwise as
+        ValueError: if the stash holds a moment that ``variable`` does not have; otherwise as
             ``slots`` does.
 
     Example:
@@ -294,7 +389,7 @@ def restore_slots(optimizer: Any, variable: Any, stash: SlotStash, *, session: A
         >>> slots(adam, w)["momentum"].numpy().round(4).tolist()
         [0.1, 0.0]
     """
-    found = slots(optimizer, variable)
+    found = moments(optimizer, variable)
     missing = set(stash.values) - set(found)
     if missing:
         raise ValueError(f"restore_slots: stash has slots {sorted(missing)} that {variable_path(variable)!r} lacks")

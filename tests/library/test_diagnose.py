@@ -368,3 +368,47 @@ def test_real_masked_optimizer_holds_entries_even_after_trainable_changed():
     after = layer.kernel.numpy()
     np.testing.assert_array_equal(before[0], after[0])
     assert np.all(before[1:] != after[1:])
+
+
+def test_following_the_printed_reset_slots_fix_with_ema_keeps_frozen_entries_through_fit():
+    """The moments and ema rows advise reset_slots after every step; done inside fit (a gate on the kernel and
+    a callback), no frozen entry moves, fit's final EMA overwrite included, and the moments row is gone."""
+    import tensorflow as tf
+
+    from freezing import gate, reset_slots
+
+    frozen = np.zeros((3, 4), bool)
+    frozen[:, 1] = frozen[0, :] = True
+    keep = (~frozen).astype("float32")
+
+    class GatedDense(keras.layers.Layer):
+        def build(self, shape):
+            self.kernel = self.add_weight(shape=(shape[-1], 4), name="kernel", initializer="glorot_uniform")
+            self.gated = self.add_weight(shape=(shape[-1], 4), name="gated", initializer="ones", trainable=False)
+
+        def call(self, x):
+            return tf.matmul(x, gate(self.kernel, self.gated))
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((3,))
+    layer = GatedDense(name="a")
+    model = keras.Model(inp, keras.layers.Dense(1, name="b")(layer(inp)))
+    opt = K.Adam(0.1, use_ema=True)
+    model.compile(optimizer=opt, loss="mse")
+    fit(model)  # trains everywhere first (the gate is all ones): moments and averages away from their start
+    kernel = layer.kernel
+    rows = {row.cause: row.fix for row in diagnose(model, {kernel.path: frozen})}
+    assert "freezing.reset_slots(opt, v, where=frozen) after every step" in rows["moments"]
+    assert "freezing.reset_slots(opt, v, where=frozen) after every step" in rows["ema"]
+
+    layer.gated.assign(keep)  # the gate: zero gradient where frozen; then the printed fix, after every step
+    reset_slots(opt, kernel, where=frozen)
+    before = kernel.numpy().copy()
+    after_each = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: reset_slots(opt, kernel, where=frozen))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.fit(X, Y, batch_size=8, epochs=3, verbose=0, shuffle=False, callbacks=[after_each])  # ends by finalize
+    assert (kernel.numpy()[frozen] == before[frozen]).all()
+    assert (kernel.numpy()[~frozen] != before[~frozen]).all()
+    assert "moments" not in diagnose(model, {kernel.path: frozen}).causes

@@ -172,6 +172,25 @@ def test_a_refused_mask_names_the_problem_and_changes_nothing(bad, message):
     assert opt.get_mask(w).tolist() == [True, False, True]
 
 
+
+@pytest.mark.parametrize("bad, message", [
+    ([np.nan, 1.0, 0.0], r"^MaskedOptimizer: the mask \(set_mask\) for 'w' has 1 value\(s\) that are not 0 or 1 "
+                         r"\(the first: nan\)"),
+    ([0.5, 1.0, 0.0], r"^MaskedOptimizer: the mask \(set_mask\) for 'w' .* \(the first: 0.5\)"),
+    ("abc", r"^MaskedOptimizer: the mask \(set_mask\) for 'w' has dtype <U3"),
+    ([[1, 0], [1]], r"^MaskedOptimizer: the mask \(set_mask\) for 'w' is not array-like"),
+])
+def test_a_bad_mask_before_build_gets_the_same_message_and_changes_nothing(bad, message):
+    """Before build a mask names its variable by path; formatting that path used to raise AttributeError."""
+    w = keras.Variable([1.0, 2.0, 3.0], name="w")
+    opt = MaskedOptimizer(keras.optimizers.Adam(0.1))
+    opt.set_mask("w", [1, 0, 1])
+    with pytest.raises(ValueError, match=message):
+        opt.set_mask("w", bad)
+    assert opt.get_mask("w").tolist() == [True, False, True] and not opt.built
+    opt.build([w])
+    assert opt.get_mask(w).tolist() == [True, False, True]
+
 def test_a_symbolic_float_mask_with_a_bad_value_fails_the_step():
     w = keras.Variable([1.0, 2.0], name="w")
     opt = MaskedOptimizer(keras.optimizers.SGD(0.1))

@@ -127,3 +127,64 @@ def test_tf1_optimizer_in_eager_mode():
     assert list(slots(opt, w)) == ["momentum"]
     reset_slots(opt, w, where=[True, False, True])
     np.testing.assert_allclose(slots(opt, w)["momentum"].numpy(), [0.0, 1.0, 0.0])
+
+
+# -- the EMA average and the gradient accumulator are not moments --------------------------------------
+def _ema_run(opt, frozen, steps=5):
+    """The manual route: gradients zero where frozen, reset_slots after every step, then fit's final overwrite."""
+    w = keras.Variable(np.array([1.0, 2.0, 3.0, 4.0], np.float32), name="w")
+    before = w.numpy().copy()
+    opt.build([w])
+    for _ in range(steps):
+        opt.apply_gradients([(tf.where(frozen, 0.0, tf.ones(4)), w)])
+        reset_slots(opt, w, where=frozen)
+    during = w.numpy().copy()
+    opt.finalize_variable_values([w])  # what fit runs when it ends: weights := their averages
+    return before, during, w.numpy()
+
+
+def test_reset_slots_with_ema_keeps_frozen_weights_through_the_final_overwrite():
+    """reset_slots used to reset the EMA average like a moment: finalize_variable_values then zeroed frozen weights."""
+    frozen = np.array([True, False, True, False])
+    opt = keras.optimizers.Adam(0.1, use_ema=True)
+    before, during, after = _ema_run(opt, frozen)
+    assert (during[frozen] == before[frozen]).all()
+    assert (after[frozen] == before[frozen]).all()
+    assert (after[~frozen] != during[~frozen]).all()  # trainable entries did take their averages
+    average = slots(opt, opt._trainable_variables[0])["average"].numpy()
+    assert (average[frozen] == before[frozen]).all()
+
+
+def test_stash_and_restore_leave_the_ema_average_and_the_accumulator_alone():
+    from freezing.slots import moments
+
+    opt = keras.optimizers.Adam(0.1, use_ema=True, gradient_accumulation_steps=3)
+    w = _trained(opt)
+    assert sorted(slots(opt, w)) == ["average", "gradient_accumulator", "momentum", "velocity"]
+    assert sorted(moments(opt, w)) == ["momentum", "velocity"]
+    frozen = np.array([True, False, True, False])
+    stash = stash_slots(opt, w, where=frozen)
+    assert sorted(stash.values) == ["momentum", "velocity"]
+    average, accumulator = slots(opt, w)["average"], slots(opt, w)["gradient_accumulator"]
+    average.assign([5.0, 6.0, 7.0, 8.0])
+    accumulator.assign([1.0, 2.0, 3.0, 4.0])
+    restore_slots(opt, w, stash)
+    assert average.numpy().tolist() == [5.0, 6.0, 7.0, 8.0]
+    assert accumulator.numpy().tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"gradient_accumulation_steps": 2}, r"reset_slots: Adam\(gradient_accumulation_steps=2\) adds what a frozen entry"),
+    ({"use_ema": True, "ema_overwrite_frequency": 3}, r"reset_slots: Adam\(use_ema=True, ema_overwrite_frequency=3\)"),
+])
+def test_reset_slots_refuses_what_the_manual_route_cannot_hold_and_changes_nothing(options, message):
+    if "gradient_accumulation_steps" in options and not hasattr(keras.optimizers.Adam(), "gradient_accumulation_steps"):
+        pytest.skip(f"Keras {keras.__version__} has no gradient_accumulation_steps")
+    opt = keras.optimizers.Adam(0.1, **options)
+    w = _trained(opt)
+    state = [v.numpy().copy() for v in opt.variables]
+    with pytest.raises(ValueError, match=message):
+        reset_slots(opt, w, where=[True, False, False, False])
+    assert all((a == v.numpy()).all() for a, v in zip(state, opt.variables))
+    masked = MaskedOptimizer(keras.optimizers.Adam(0.1, **options))  # its masks hold both: not refused
+    reset_slots(masked, _trained(masked), where=[True, False, False, False])
