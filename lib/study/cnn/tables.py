@@ -258,3 +258,22 @@ def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame
             f"summed over {config.block_steps} steps (count of entry-steps)"] = \
             f"{format_mean_std(r.accuracy_mean, r.accuracy_std)} / {format_count(r.frozen_changed_total_mean, r.frozen_changed_total_std)}"
     return out
+
+
+METRIC_KINDS = {
+    "config": "constant", "parameters": "constant", "conv_entries": "constant", "fc1_entries": "constant",
+    "cpu_count": "constant", "data_sizes": "constant", "freezing_version": "constant", "data_source": "constant",
+    "finetune_full": "constant", "blocks_full": "constant", "blocks_late_steps": "constant",
+    "one_step_gate/share": "value", "one_step_gate": "count", "one_step_masked_moment_nonzero": "count",
+    "finetune_gate_changed_min": "count", "finetune_gate_changed_max": "count",
+    "finetune_exact_changed_entries": "count", "fixed_policies_changed_entries": "count",
+    "finetune_acc_old_max": "accuracy", "finetune/**/acc_*": "accuracy", "masks/**/accuracy_*": "accuracy",
+    "blocks/**/accuracy_*": "accuracy",
+    "finetune/**/step_time_ms_mean": "timing", "masks/**/step_time_ms_mean": "timing",
+    "blocks/**/step_time_ms_mean": "timing", "duration_s": "timing",
+    "finetune_gate_time_ratio": "timing_ratio", "finetune_masked_time_ratio": "timing_ratio",
+    "finetune_time_ratio_seeds": "timing_spread",
+    "finetune_time_masked_faster": "timing_verdict", "finetune_time_claims": "timing_verdict",
+    "keras_traps[*]/error": "message",
+}
+"""What each value of study 02's ``metrics.json`` is (``study.report.kinds``); the rest are measured values."""

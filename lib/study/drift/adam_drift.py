@@ -444,3 +444,13 @@ def headline(metrics: dict[str, Any], summary: pd.DataFrame) -> dict[str, str]:
     out["Adam's drift predicted from m, v, β₁, β₂, ε, t: max |measured − predicted| / max |measured| (W units)"] = \
         f"{sci(metrics['prediction_max_abs_error'])} / {num(metrics['prediction_max_abs_drift'])}"
     return out
+
+
+METRIC_KINDS = {
+    "config": "constant", "freezing_version": "constant", "data_source": "constant",
+    "steps_after_freezing": "constant", "frozen_entries_per_run": "constant", "max_entry_steps_per_run": "constant",
+    "optimizer_classes": "constant",
+    "seed2/*changed_entries*": "count", "fixed_policies_changed_entries": "count",
+    "duration_s": "timing",
+}
+"""What each value of study 01's ``metrics.json`` is (``study.report.kinds``); the rest are measured values."""

@@ -179,3 +179,32 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
     out["faults: updates in the last checkpoint restored / lost with the ps / applied after the last restart"] = \
         f"{f['restored_version']} / {f['lost_with_ps']} / {f['applied_after_restart']}"
     return out
+
+
+METRIC_KINDS = {
+    "config": "constant", "freezing_version": "constant", "data_source": "constant", "cnn_variables": "constant",
+    "cnn_parameters": "constant", "train_images": "constant", "cpu_count": "constant",
+    "fetch_costs/**/ms": "timing", "fetch_costs/**/ratio": "timing_ratio", "fetch_spread": "timing_spread",
+    "downpour_demo/updates": "count", "downpour_demo/staleness_*": "sample", "ps_staleness/*": "sample",
+    "ps/*/steps_per_s_std": "timing_spread", "ps/*/steps_per_s": "timing", "ps/*/updates_per_s": "timing",
+    "ps/*/worker_cpu_share_min": "timing_ratio", "ps/*/worker_cpu_s_per_step": "timing",
+    "ps/*/final_accuracy": "accuracy",
+    "bytes_per_ps_task": "count",
+    "n_push_sweep[*]/steps_per_s_std": "timing_spread", "n_push_sweep[*]/steps_per_s": "timing",
+    "n_push_sweep[*]/n_push": "constant", "n_push_sweep[*]/final_accuracy": "accuracy",
+    "faults/**/seconds": "timing", "faults/faults[*]/error": "message", "faults/faults[*]/restarted": "message",
+    "fault_rows[*]/how it came back": "message",
+    "ps_masked/workers": "constant", "ps_masked/mask_placement": "constant", "ps_masked/frozen_entries": "count",
+    "ps_masked/trainable_entries": "count", "ps_masked/frozen_changed_bits": "count",
+    "ps_masked/optimizer_bytes_per_task": "count", "ps_masked/*accuracy": "accuracy",
+    "quoted/tf1_eval_per_variable": "timing_ratio", "quoted/eager_*": "timing_ratio",
+    "quoted/function_*": "timing_ratio", "quoted/*_spread*": "timing_spread", "quoted/*_side": "timing_verdict",
+    "quoted/worker_cpu_ms*": "timing", "quoted/worker_cpu_ratio": "timing_ratio", "quoted/ps_cpu_ratio": "timing_ratio",
+    "quoted/link_gbit_s": "constant", "quoted/transfer_s": "constant", "quoted/largest_variable*": "constant",
+    "quoted/model_mb": "constant", "quoted/mb_per_task": "constant", "quoted/n_smallest": "constant",
+    "quoted/n_largest": "constant", "quoted/updates_smallest": "constant", "quoted/updates_largest": "constant",
+    "quoted/sweep_steps": "constant", "quoted/accuracy_*": "accuracy",
+    "duration_s": "timing",
+}
+"""What each value of study 04's ``metrics.json`` is (``study.report.kinds``); the rest are measured values
+(staleness, accuracy, counts of updates, which vary between asynchronous runs)."""

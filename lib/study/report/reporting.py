@@ -216,8 +216,17 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def save_metrics(metrics: dict[str, Any], out_dir: str | Path) -> Path:
-    """Write ``metrics`` as ``out_dir/metrics.json`` (numpy scalars made plain). ``save_metrics({"acc": 0.9}, out)``"""
+def save_metrics(metrics: dict[str, Any], out_dir: str | Path, kinds: Mapping[str, str] | None = None) -> Path:
+    """Write ``metrics`` as ``out_dir/metrics.json`` (numpy scalars made plain). ``save_metrics({"acc": 0.9}, out)``
+
+    ``kinds`` declares what each value is (``study.report.kinds``: ``{"**/step_ms": "timing", "config": "constant"}``);
+    it is stored under ``"kinds"`` and says how a rerun is compared with this run. A bad declaration raises before
+    anything is written.
+    """
+    from study.report.kinds import KEY, check
+
+    if kinds is not None:
+        metrics = {**metrics, KEY: check(kinds)}
     text = json.dumps(_plain(metrics), indent=2)
     return atomic_write(Path(out_dir) / "metrics.json", lambda p: Path(p).write_text(text + "\n"))
 
