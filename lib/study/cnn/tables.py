@@ -272,8 +272,30 @@ METRIC_KINDS = {
     "finetune/**/step_time_ms_mean": "timing", "masks/**/step_time_ms_mean": "timing",
     "blocks/**/step_time_ms_mean": "timing", "duration_s": "timing",
     "finetune_gate_time_ratio": "timing_ratio", "finetune_masked_time_ratio": "timing_ratio",
-    "finetune_time_ratio_seeds": "timing_spread",
-    "finetune_time_masked_faster": "timing_verdict", "finetune_time_claims": "timing_verdict",
+    "finetune_time_ratio_seeds/*/*_slower": "timing_verdict",
+    "finetune_time_ratio_seeds/*/masked_below_gate": "timing_verdict", "finetune_time_ratio_seeds/*/seeds": "constant",
+    "finetune_time_ratio_seeds": "timing_spread", "finetune_time_masked_faster": "timing_verdict",
     "keras_traps[*]/error": "message",
 }
 """What each value of study 02's ``metrics.json`` is (``study.report.kinds``); the rest are measured values."""
+
+
+def time_ratios(finetune: pd.DataFrame, optimizers: list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Per optimizer, each seed's step-time ratios ``gate`` / ``var_list`` and ``masked_hold`` / ``var_list`` (each
+    run's median step time), as their range over seeds, and which side of 1 (or of each other) every seed is on.
+
+    A claim that one step is slower than another is made only where every seed agrees (``gate_slower``,
+    ``masked_slower``, ``masked_below_gate``); otherwise the spread over seeds does not allow it.
+    """
+    times = finetune.pivot_table(index=["optimizer", "seed"], columns="method", values="step_time_ms")
+    out: dict[str, dict[str, Any]] = {}
+    for o in optimizers:
+        if o not in times.index.get_level_values(0) or not {"gate", "masked_hold", "var_list"} <= set(times.columns):
+            continue
+        t = times.loc[o]
+        gate, masked = t["gate"] / t["var_list"], t["masked_hold"] / t["var_list"]
+        out[o] = {"seeds": int(len(t)), "gate_min": float(gate.min()), "gate_max": float(gate.max()),
+                  "masked_min": float(masked.min()), "masked_max": float(masked.max()),
+                  "gate_slower": bool((gate > 1).all()), "masked_slower": bool((masked > 1).all()),
+                  "masked_below_gate": bool((masked < gate).all())}
+    return out
