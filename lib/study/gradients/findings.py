@@ -23,14 +23,17 @@ def _at(frame: pd.DataFrame, row: Any, column: str) -> float:
         return NAN
 
 
-def fetch_numbers(costs: pd.DataFrame) -> dict[str, float]:
-    """Ratio to one pass of each slow way of fetching gradients, by a short name.
+def fetch_numbers(costs: pd.DataFrame) -> dict[str, Any]:
+    """Ratio to one pass of each slow way of fetching gradients, by a short name, with its spread over the repeats
+    (``<name>_spread_low`` / ``_high``) and the side of 1 that whole spread is on (``<name>_side``: ``"above"``,
+    ``"below"``, or ``"either"`` when the spread straddles 1).
 
     >>> costs = pd.DataFrame({"mode": ["TF1 graph"], "method": ["g.eval() per variable"], "ratio_to_one_pass": [3.9]})
     >>> fetch_numbers(costs)["tf1_eval_per_variable"]
     3.9
     """
     ratio = costs.set_index(["mode", "method"])["ratio_to_one_pass"].to_frame()
+    spread = costs.set_index(["mode", "method"]).reindex(columns=["ratio_low", "ratio_high"])
     names = {
         "tf1_eval_per_variable": ("TF1 graph", "g.eval() per variable"),
         "eager_recompute": ("TF2 eager", "recompute forward and backward per variable"),
@@ -38,7 +41,13 @@ def fetch_numbers(costs: pd.DataFrame) -> dict[str, float]:
         "function_persistent": ("TF2 tf.function", "persistent tape, one gradient call per variable"),
         "function_recompute": ("TF2 tf.function", "recompute forward and backward per variable"),
     }
-    return {name: _at(ratio, key, "ratio_to_one_pass") for name, key in names.items()}
+    out: dict[str, Any] = {}
+    for name, key in names.items():
+        out[name] = _at(ratio, key, "ratio_to_one_pass")
+        low, high = _at(spread, key, "ratio_low"), _at(spread, key, "ratio_high")
+        out[f"{name}_spread_low"], out[f"{name}_spread_high"] = low, high
+        out[f"{name}_side"] = "above" if low > 1 else "below" if high < 1 else "either"  # NaN: "either"
+    return out
 
 
 def cluster_numbers(ps_runs: pd.DataFrame, placement: pd.DataFrame) -> dict[str, float]:
