@@ -23,7 +23,10 @@ Filters (besides Jinja's own): ``num`` (significant digits, plain notation), ``s
 ``7.1e-7``), ``fixed`` (decimals), ``pct`` (a fraction as a percentage), ``times`` (a ratio, ``3.89×``),
 ``pm`` (``mean | pm(std)``), ``count`` (an integer with thousands separators), ``signed`` (``+0.015``), and for
 bounds, which must round outward: ``floor`` ("at least": ``{{ m.min | floor("pct", 0) }}`` gives ``91%`` for
-0.9191) and ``ceil`` ("at most", "up to": ``{{ m.max | ceil("sci") }}`` gives ``1.2e-6`` for 1.12e-6).
+0.9191) and ``ceil`` ("at most", "up to": ``{{ m.max | ceil("sci") }}`` gives ``1.2e-6`` for 1.12e-6). Each bound is
+checked as it is printed: the number shown is read back (``printed_value``) and must not lie inside the value it
+bounds, or the finding fails with ``ProseError``. A range over runs ("from ... to ...", "between ... and ...") is two
+bounds: its low end is a ``floor``, its high end a ``ceil``.
 ``lint_prose`` finds decimals, percentages and ratios typed into a notebook's prose instead.
 
 ``python -m study.report.prose NOTEBOOK.ipynb METRICS.json`` prints the notebook's findings filled in (or the error).
@@ -220,10 +223,29 @@ def ceil(x: Any, style: str = "num", *args: Any) -> str:
     return _bound(x, style, args, "ceil")
 
 
+def printed_value(text: str) -> float:
+    """The number a formatted string shows: ``printed_value("1,234.5×") == 1234.5``; ``"12.5%"`` is 0.125.
+
+    >>> printed_value("7.2e-7"), printed_value("91%"), printed_value("−0.015"), printed_value("1,532")
+    (7.2e-07, 0.91, -0.015, 1532.0)
+    """
+    plain = text.strip().replace(",", "").replace("−", "-").rstrip("×")
+    if plain.endswith("%"):
+        return float(Decimal(plain[:-1]) / 100)
+    return float(plain)
+
+
 def _bound(x: Any, style: str, args: tuple[Any, ...], rounding: str) -> str:
+    """``x`` formatted as a bound, and checked: the printed number is never on the wrong side of ``x``."""
     if style not in BOUND_STYLES:
         raise ProseError(f"{rounding}: the style must be one of {sorted(BOUND_STYLES)}, got {style!r}")
-    return BOUND_STYLES[style](x, *args, rounding=rounding)
+    text = BOUND_STYLES[style](x, *args, rounding=rounding)
+    value = _number(x)
+    if math.isfinite(value):
+        shown = printed_value(text)
+        if (shown > value) if rounding == "floor" else (shown < value):
+            raise ProseError(f"{rounding}: printed {text} for {value!r}, on the wrong side of it")
+    return text
 
 
 FILTERS = {"sci": sci, "num": num, "fixed": fixed, "pct": pct, "times": times, "pm": pm, "count": count,
