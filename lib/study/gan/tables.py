@@ -96,7 +96,8 @@ METRIC_KINDS = {
     "trained": "constant",
     "on_page_step": "count", "runs/**/single_class_runs": "count", "random_gates_single_class_runs": "count",
     "random_gates_runs": "count", "classifier_test_accuracy": "accuracy",
-    "runs/**/time_per_iteration_ms": "timing", "duration_s": "timing",
+    "runs/**/time_per_iteration_ms": "timing", "runs/**/time_per_iteration_ms_std": "timing_spread",
+    "duration_s": "timing",
     "unknown_variable_trap[*]/outcome": "message",
 }
 """What each value of study 03's ``metrics.json`` is (``study.report.kinds``); the rest are measured values."""
