@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from study.report.prose import pm
-from study.report.reporting import format_count, format_mean_std
+from study.report.reporting import common_decimals, format_count, format_mean_std
 from study.cnn.finetune import FINETUNE_RUN_COLUMNS
 from study.cnn.masks import STEP_COLUMNS, run_keys
 from study.cnn.setup import CnnStudyConfig  # noqa: F401
@@ -233,10 +233,11 @@ def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame
     """
     seeds = len(config.seeds)
     out = {"data": source, "seeds per row": str(seeds)}
+    acc = common_decimals(list(finetune["acc_new_mean"]), list(finetune["acc_new_std"]))
     for r in finetune.itertuples():
         out[f"fine-tune {r.optimizer}/{r.method}: test accuracy on digits 5-9 (fraction) / "
             f"frozen conv entries changed at the end (count)"] = \
-            f"{format_mean_std(r.acc_new_mean, r.acc_new_std)} / {format_count(r.conv_changed_entries_mean, r.conv_changed_entries_std)}"
+            f"{format_mean_std(r.acc_new_mean, r.acc_new_std, decimals=acc)} / {format_count(r.conv_changed_entries_mean, r.conv_changed_entries_std)}"
     for name, group in finetune.groupby("optimizer", sort=False):
         out[f"fine-tune {name}: step time (ms), " + " / ".join(group["method"])] = \
             " / ".join(f"{t:.1f}" for t in group["step_time_ms_mean"])
@@ -245,18 +246,20 @@ def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame
                     + ((traps["trained"] == False) & (traps["layer 'a' should"] == "train")).sum()  # noqa: E712
                     + (traps["error"] != "").sum())
         out[f"Keras trainable traps: scenarios that did not do what the flag says (of {len(traps)})"] = str(wrong)
+    acc = common_decimals(list(masks["accuracy_mean"]), list(masks["accuracy_std"])) if len(masks) else None
     for r in masks.itertuples():
         out[f"masks p={r.p:g} {r.optimizer}/{r.method}: final test accuracy (fraction) / frozen entries "
             f"changed, summed over {config.mask_steps} steps (count of entry-steps)"] = \
-            f"{format_mean_std(r.accuracy_mean, r.accuracy_std)} / {format_count(r.frozen_changed_total_mean, r.frozen_changed_total_std)}"
+            f"{format_mean_std(r.accuracy_mean, r.accuracy_std, decimals=acc)} / {format_count(r.frozen_changed_total_mean, r.frozen_changed_total_std)}"
     for name, group in masks.groupby("optimizer", sort=False):
         methods = list(dict.fromkeys(group["method"]))
         times = group.groupby("method", sort=False)["step_time_ms_mean"].mean()
         out[f"masks {name}: step time (ms), " + " / ".join(methods)] = " / ".join(f"{times[m]:.1f}" for m in methods)
+    acc = common_decimals(list(blocks["accuracy_mean"]), list(blocks["accuracy_std"])) if len(blocks) else None
     for r in blocks.itertuples():
         out[f"blocks {r.optimizer}/{r.method}: final test accuracy (fraction) / resting entries changed, "
             f"summed over {config.block_steps} steps (count of entry-steps)"] = \
-            f"{format_mean_std(r.accuracy_mean, r.accuracy_std)} / {format_count(r.frozen_changed_total_mean, r.frozen_changed_total_std)}"
+            f"{format_mean_std(r.accuracy_mean, r.accuracy_std, decimals=acc)} / {format_count(r.frozen_changed_total_mean, r.frozen_changed_total_std)}"
     return out
 
 

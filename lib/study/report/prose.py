@@ -161,20 +161,32 @@ def _decimals(x: float, digits: int) -> int:
     return max(digits - 1 - math.floor(math.log10(abs(x))), 0) if x else 0
 
 
-def pm(mean: Any, std: Any, digits: int = 3) -> str:
+def pm_decimals(mean: Any, std: Any, digits: int = 3) -> int | None:
+    """The decimals ``pm`` shows ``mean ± std`` with (None where it uses another notation). Give the largest over a
+    column to ``pm(..., decimals=)`` so that every row of it shows the same precision."""
+    mean, std = _number(mean), _number(std)
+    plain = all(math.isfinite(x) and (x == 0 or 1e-4 <= abs(x) < 1e7) for x in (mean, std))
+    if std != std or not plain or std == 0:
+        return None
+    return max(_decimals(std, 2), _decimals(mean, digits))
+
+
+def pm(mean: Any, std: Any, digits: int = 3, decimals: int | None = None) -> str:
     """``mean ± std``: the std to two significant digits and the mean to the same decimal place (or to ``digits``
-    significant digits, where that is finer); the std is left out when it is NaN (one seed).
+    significant digits, where that is finer); the std is left out when it is NaN (one seed). ``decimals`` fixes
+    the decimal places instead (a table column, so that equal means print equally).
 
     >>> pm(0.5123, 0.0104), pm(6.98, 0.12), pm(1.005, 0.065), pm(0.5, float("nan")), pm(1280.0, 0.0)
     ('0.512 ± 0.010', '6.98 ± 0.12', '1.005 ± 0.065', '0.5', '1,280 ± 0')
+    >>> pm(0.94467, 0.0101, decimals=4), pm(0.94467, 0.0061, decimals=4)
+    ('0.9447 ± 0.0101', '0.9447 ± 0.0061')
     """
     mean, std = _number(mean), _number(std)
     if std != std:
-        return num(mean, digits)
-    plain = all(math.isfinite(x) and (x == 0 or 1e-4 <= abs(x) < 1e7) for x in (mean, std))
-    if not plain or std == 0:
+        return num(mean, digits) if decimals is None else f"{round(mean, decimals):,.{decimals}f}"
+    d = pm_decimals(mean, std, digits) if decimals is None else decimals
+    if d is None:
         return f"{num(mean, digits)} ± {num(std, 2)}"
-    d = max(_decimals(std, 2), _decimals(mean, digits))
     return f"{round(mean, d):,.{d}f} ± {round(std, d):,.{d}f}"
 
 
