@@ -140,3 +140,14 @@ def test_every_printed_bound_is_checked_against_the_value_it_bounds(monkeypatch)
     monkeypatch.setitem(prose_.BOUND_STYLES, "num", lambda x, *a, rounding: prose_.num(x, *a))  # rounds to nearest
     with pytest.raises(prose_.ProseError, match=r"floor: printed 145 for 144\.82.*wrong side"):
         prose_.fill('{{ metrics.lo | floor("num") }}', {"lo": 144.82}, "t")
+
+
+def test_equal_means_in_one_table_column_print_equally():
+    import pandas as pd
+
+    from study.report.reporting import display_table
+
+    summary = pd.DataFrame({"method": ["var_list", "gate"], "acc_mean": [0.9446666, 0.9446667],
+                            "acc_std": [0.0061101, 0.0100664]})
+    shown = display_table(summary, {"acc": "accuracy"}, ["method"])["accuracy"].tolist()
+    assert shown == ["0.9447 ± 0.0061", "0.9447 ± 0.0101"]
