@@ -142,7 +142,7 @@ def report_note(load: dict[str, Any] | None) -> str:
     """The Markdown note a report shows next to its timings."""
     line = describe(load)
     if load and load.get("idle") is False:
-        return (f"**How this run was timed: the machine was not idle** ({line}). Its timings, and any ratio of "
+        return (f"**How this run was timed: the machine was not idle** ({line.removeprefix('not idle: ')}). Its timings, and any ratio of "
                 "timings quoted below, were taken while other work shared the CPU: they say little about the "
                 "code; rerun on an idle machine before relying on them. Results that are not timings are unaffected.")
     return f"*How this run was timed:* {line}. Timings are wall-clock times on this machine."
