@@ -149,3 +149,12 @@ def test_a_run_on_a_busy_machine_says_so():
     idle = summarise(wall_s=100.0, cpu_s=90.0, busy_s=105.0, samples=[1.0], cores=2)
     assert idle["idle"] is True and describe(idle).startswith("idle: other processes used 8%")
     assert summarise(100.0, 90.0, None, [3.5], 2)["idle"] is False  # no /proc/stat: the load average decides
+
+
+def test_04_s_spread_and_side_of_a_timing_ratio_are_not_the_ratio():
+    assert kinds.match("quoted/function_persistent", GRADIENTS) == "timing_ratio"
+    assert kinds.match("quoted/function_persistent_spread_low", GRADIENTS) == "timing_spread"
+    assert kinds.match("quoted/function_persistent_side", GRADIENTS) == "timing_verdict"
+    assert kinds.match("quoted/transfer_s", GRADIENTS) == kinds.match("quoted/link_gbit_s", GRADIENTS) == "constant"
+    assert kinds.match("ps/2/worker_cpu_share_min", GRADIENTS) == "timing_ratio"
+    assert kinds.match("ps/2/steps_per_s_std", GRADIENTS) == "timing_spread"

@@ -206,8 +206,8 @@ METRIC_KINDS = {
     "ps_masked/workers": "constant", "ps_masked/mask_placement": "constant", "ps_masked/frozen_entries": "count",
     "ps_masked/trainable_entries": "count", "ps_masked/frozen_changed_bits": "count",
     "ps_masked/optimizer_bytes_per_task": "count", "ps_masked/*accuracy": "accuracy",
-    "quoted/tf1_eval_per_variable": "timing_ratio", "quoted/eager_*": "timing_ratio",
-    "quoted/function_*": "timing_ratio", "quoted/*_spread*": "timing_spread", "quoted/*_side": "timing_verdict",
+    "quoted/*_spread_*": "timing_spread", "quoted/*_side": "timing_verdict",  # before the ratios they belong to
+    "quoted/tf1_eval_per_variable": "timing_ratio", "quoted/eager_*": "timing_ratio", "quoted/function_*": "timing_ratio",
     "quoted/worker_cpu_ms*": "timing", "quoted/worker_cpu_ratio": "timing_ratio", "quoted/ps_cpu_ratio": "timing_ratio",
     "quoted/link_gbit_s": "constant", "quoted/transfer_s": "constant", "quoted/largest_variable*": "constant",
     "quoted/model_mb": "constant", "quoted/mb_per_task": "constant", "quoted/n_smallest": "constant",
