@@ -221,13 +221,15 @@ def save_metrics(metrics: dict[str, Any], out_dir: str | Path, kinds: Mapping[st
 
     ``kinds`` declares what each value is (``study.report.kinds``: ``{"**/step_ms": "timing", "config": "constant"}``);
     it is stored under ``"kinds"`` and says how a rerun is compared with this run. A bad declaration raises before
-    anything is written.
+    anything is written. JSON has no NaN or infinity: a number that is not finite is stored as the string ``"nan"``,
+    ``"inf"`` or ``"-inf"`` (``prose`` and ``reproduction`` read them back as numbers), and ``null`` means "no value"
+    (not measured, not applicable); the file is strict JSON that any parser reads.
     """
     from study.report.kinds import KEY, check
 
     if kinds is not None:
         metrics = {**metrics, KEY: check(kinds)}
-    text = json.dumps(_plain(metrics), indent=2)
+    text = json.dumps(_plain(metrics), indent=2, allow_nan=False)
     return atomic_write(Path(out_dir) / "metrics.json", lambda p: Path(p).write_text(text + "\n"))
 
 
