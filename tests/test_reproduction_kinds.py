@@ -158,3 +158,14 @@ def test_04_s_spread_and_side_of_a_timing_ratio_are_not_the_ratio():
     assert kinds.match("quoted/transfer_s", GRADIENTS) == kinds.match("quoted/link_gbit_s", GRADIENTS) == "constant"
     assert kinds.match("ps/2/worker_cpu_share_min", GRADIENTS) == "timing_ratio"
     assert kinds.match("ps/2/steps_per_s_std", GRADIENTS) == "timing_spread"
+
+
+def test_metrics_json_is_strict_json_with_one_rule_for_non_finite_numbers(tmp_path):
+    import numpy as np
+
+    path = reporting.save_metrics({"a": np.float32("nan"), "b": float("inf"), "c": [np.float64("-inf")], "d": None},
+                                  tmp_path)
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text  # numpy's NaN was written as a bare NaN token before
+    assert json.loads(text) == {"a": "nan", "b": "inf", "c": ["-inf"], "d": None}
+    assert reproduction.verdict(reproduction.compare({"a": "nan"}, {"a": float("nan")})) == "identical"

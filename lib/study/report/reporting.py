@@ -210,7 +210,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, np.generic):
-        return value.item()
+        value = value.item()  # a numpy NaN is a NaN too
     if isinstance(value, float) and not np.isfinite(value):
         return str(value)
     return value
