@@ -44,13 +44,13 @@ def test_verify_names_each_stale_study_and_what_changed(tmp_path):
     assert provenance.verify(out, folder) == []
     (folder / "params" / "01_one.smoke.yaml").write_text("value: 3\n")  # a parameter changed, not rerun
     assert provenance.verify(out, folder) == [
-        "01_one: its result was made from other inputs than HEAD's; changed: parameters"]
+        "01_one: its result was made from other inputs than this working tree's; changed: parameters"]
     (folder / "params" / "01_one.smoke.yaml").write_text("value: 2\n")
     (out / "02_reader" / "metrics.json").write_text('{"value": 5}')  # a result edited by hand
     assert provenance.verify(out, folder) == ["02_reader: files differ from what its run wrote: metrics.json"]
     _tiny(folder, "02_reader", 9, reads=("01_one/metrics.json",))  # the notebook changed as well
     assert provenance.verify(out, folder)[0] == (
-        "02_reader: its result was made from other inputs than HEAD's; changed: notebook")
+        "02_reader: its result was made from other inputs than this working tree's; changed: notebook")
     (out / "01_one" / "metrics.json").write_text('{"value": 6}')  # 01 rewritten: 02 read the old one
     assert "changed: notebook, read:01_one/metrics.json" in " ".join(provenance.verify(out, folder))
 
@@ -80,7 +80,7 @@ def test_verify_passes_then_names_each_stale_study_and_what_changed(tmp_path, ca
     (folder / "params" / "01_one.smoke.yaml").write_text("value: 3\n")  # a parameter changed, not rerun
     assert pipeline.main(verify) == 1
     printed = capsys.readouterr().out
-    assert "01_one: its result was made from other inputs than HEAD's; changed: parameters" in printed
+    assert "01_one: its result was made from other inputs than this working tree's; changed: parameters" in printed
     assert "02_reader" not in printed
     (folder / "params" / "01_one.smoke.yaml").write_text("value: 2\n")
 
@@ -92,7 +92,7 @@ def test_verify_passes_then_names_each_stale_study_and_what_changed(tmp_path, ca
     capsys.readouterr()
     _tiny(folder, "01_one", 7)  # the notebook changes: 01 is stale, and 02 still reads 01's old result
     problems = provenance.verify(out, folder)
-    assert problems == ["01_one: its result was made from other inputs than HEAD's; changed: notebook"]
+    assert problems == ["01_one: its result was made from other inputs than this working tree's; changed: notebook"]
 
 
 def test_the_committed_results_were_made_from_this_tree():

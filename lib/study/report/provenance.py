@@ -62,7 +62,7 @@ def verify(out: Path, notebooks: Path) -> list[str]:
         old = recorded["covers"]
         changed = sorted(k for k in set(old) | set(now) if old.get(k) != now.get(k))
         if changed:
-            problems.append(f"{name}: its result was made from other inputs than HEAD's; changed: {', '.join(changed)}")
+            problems.append(f"{name}: its result was made from other inputs than this working tree's; changed: {', '.join(changed)}")
         files = entry.get("files")
         folder = out / name
         if isinstance(files, dict):
@@ -93,8 +93,8 @@ def main(out: Path, notebooks: Path) -> int:
         print(f"verify: {len(problems)} problem(s) with the committed results in {out}:")
         for p in problems:
             print(f"  {p}")
-        print("Rerun the studies named (python -m study.report --profile full --out results --only NAME ...) and "
-              "commit the results.")
+        print(f"Rerun the studies named (python -m study.report --profile PROFILE --out {out} --only NAME ...; "
+              "for results/: make reproduce) and commit what they write.")
         return 1
     count = len(json.loads(manifest.read_text())) if manifest.is_file() else 0
     print(f"verify: all {count} studies in {out} were made from the inputs at this working tree "
