@@ -11,7 +11,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONHASHSEED ?= 0
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test test-slow test-oldest test-gpu ci smoke reproduce bench lab clean distclean
+.PHONY: help venv test test-slow test-oldest test-gpu ci smoke reproduce verify bench lab clean distclean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -59,6 +59,9 @@ smoke: $(STAMP) ## Run every notebook on tiny parameters into build/smoke/ (abou
 
 reproduce: $(STAMP) ## Regenerate results/ on full parameters; skips what this machine already ran unchanged (FORCE=1: all)
 	$(PY) -m study.report --profile full --out results$(if $(FORCE), --force)
+
+verify: $(STAMP) ## Check that every committed result was made from this tree's inputs (runs nothing; make test does it too)
+	$(PY) -m study.report --verify
 
 bench: $(STAMP) ## Run the benchmarks; prints ratios measured side by side in one run
 	$(PY) bench/run.py

@@ -146,3 +146,13 @@ def test_every_method_sees_the_same_batches_latents_and_gate_draws():
     assert 0 < gates["random_gate"].mean() < 1  # gates are drawn, some open, some closed
     assert np.array_equal(gates["gate_d_only"][:, :2], gates["random_gate"][:, :2]) and (gates["gate_d_only"][:, 2:] == 1).all()
     assert np.array_equal(gates["gate_g_only"][:, 2:], gates["random_gate"][:, 2:]) and (gates["gate_g_only"][:, :2] == 1).all()
+
+
+def test_the_stop_gradient_method_shows_no_keras_warning_about_missing_gradients(recwarn):
+    """Keras warns "Gradients do not exist" when G's gradients are None; for stop_gradient that is the method."""
+    from study.gan.alternating import GanStudyConfig, _Runner, run_one
+
+    config = GanStudyConfig(iterations=2, seeds=[0], methods=["stop_gradient"], optimizers=["sgd"], batch=8)
+    images = np.random.default_rng(0).random((32, 784)).astype("float32")
+    run_one(_Runner("stop_gradient", "sgd", 0.05, config), images, config, seed=0)
+    assert not [str(w.message) for w in recwarn if "Gradients do not exist" in str(w.message)]

@@ -166,7 +166,8 @@ def test_a_second_run_touches_nothing_and_a_study_s_results_rerun_its_reader(tmp
 
     first, printed = run()
     assert printed.count("runs (no record of a run on this machine)") == 2
-    assert all(e["machine"]["cores"] and "status" not in e and "key" not in e for e in first.values())
+    assert all(e["machine"]["cores"] and e["result"]["how"] == "rerun" and len(e["key"]["inputs"]) == 64
+               and e["load"]["wall_s"] > 0 for e in first.values())
     assert list(records.iterdir()) and not list(out.glob("*/*.json.sha256"))  # the record lives outside out/
     assert "nothing committed to compare with" in (out / "REPRODUCTION.md").read_text()  # out/ is not in git
     before = _files(out)
@@ -246,7 +247,7 @@ def test_a_rerun_is_compared_with_the_committed_metrics(tmp_path):
     run = tmp_path / "staging"
     run.mkdir()
     (run / "metrics.json").write_text(json.dumps({"acc": 0.5, "n": 3, "loss": 1.0004, "step_ms": 12.0, "name": "b",
-                                                  "headline": {"acc": "0.6"}}))
+                                                  "headline": {"acc": "0.6"}, "kinds": {"step_ms": "timing"}}))
     nb = new_notebook(cells=[new_code_cell("assert 1 == 1"), new_code_cell("x = 1"), new_code_cell("assert x")])
     nbformat.write(nb, run / "01_a.ipynb")
     rep = reproduction.against_committed(repo / "results", "01_a", run)
@@ -261,5 +262,6 @@ def test_a_rerun_is_compared_with_the_committed_metrics(tmp_path):
     (repo / "results" / "manifest.json").write_text(json.dumps(manifest))
     text = reproduction.write_report(repo / "results").read_text()
     assert "| 01_a | 0123456789, 2026-01-01T00:00:00+00:00 |" in text
-    assert "| 4 | 2 | 1 | 1 | 2, all passed | median 1.20 (range 1.20–1.20, 1 timings) |" in text
+    assert "| 1 value differs; 1 within 0.001; timings differ | 4 | 2 | 1 | 1 | 2, all passed | median 1.20 (range " \
+           "1.20–1.20, 1 timings) | not recorded |" in text
     assert '- `name`: "a" → "b"' in text

@@ -457,3 +457,20 @@ def _cmdline(proc: psutil.Process) -> list[str]:
         return proc.cmdline()
     except psutil.Error:
         return []
+
+
+def test_report_shows_assertion_cells_and_how_the_run_was_timed(tmp_path):
+    from study.report.load import report_note, summarise
+
+    nb = new_notebook(cells=[new_markdown_cell("# 08 · Timed"), new_markdown_cell("Intro: assertion cells check it."),
+                             new_code_cell("hidden_setup = 1"), new_code_cell("assert hidden_setup == 1, 'checked'")])
+    path = tmp_path / "08_timed.ipynb"
+    nbformat.write(nb, path)
+    busy = summarise(100.0, 90.0, 150.0, [1.5, 2.0], 2)
+    page, _ = html_report.render_report(path, note=report_note(busy))
+    text = BeautifulSoup(page, "html.parser").get_text()
+    assert "assert hidden_setup == 1, 'checked'" in text and "hidden_setup = 1" not in text
+    assert "the machine was not idle" in text and "other processes used 30% of the 2 cores" in text
+    assert text.index("08 · Timed") < text.index("not idle") < text.index("Intro: assertion cells")
+    idle = report_note(summarise(100.0, 90.0, 95.0, [0.9], 2))
+    assert idle.startswith("*How this run was timed:* idle: other processes used 2%")

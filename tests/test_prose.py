@@ -129,3 +129,25 @@ def test_the_smoke_reports_show_numbers_not_placeholders(smoke_results):
         assert len(shown) == len(prose.finding_templates(nbformat.read(notebook, as_version=4))), notebook.stem
         page = (smoke_results / notebook.stem / f"{notebook.stem}.html").read_text(encoding="utf-8")
         assert not re.search(r"\{\{|\{%", page) and prose.PENDING not in page, notebook.stem
+
+
+def test_every_printed_bound_is_checked_against_the_value_it_bounds(monkeypatch):
+    from study.report import prose as prose_
+
+    assert prose_.fill('between {{ metrics.lo | floor("num") }} and {{ metrics.hi | ceil("num") }} ms',
+                       {"lo": 144.82142857, "hi": 162.49999}, "t") == "between 144 and 163 ms"
+    assert prose_.fill('{{ metrics.r | floor("times", 3) }}', {"r": 0.64484}, "t") == "0.644×"
+    monkeypatch.setitem(prose_.BOUND_STYLES, "num", lambda x, *a, rounding: prose_.num(x, *a))  # rounds to nearest
+    with pytest.raises(prose_.ProseError, match=r"floor: printed 145 for 144\.82.*wrong side"):
+        prose_.fill('{{ metrics.lo | floor("num") }}', {"lo": 144.82}, "t")
+
+
+def test_equal_means_in_one_table_column_print_equally():
+    import pandas as pd
+
+    from study.report.reporting import display_table
+
+    summary = pd.DataFrame({"method": ["var_list", "gate"], "acc_mean": [0.9446666, 0.9446667],
+                            "acc_std": [0.0061101, 0.0100664]})
+    shown = display_table(summary, {"acc": "accuracy"}, ["method"])["accuracy"].tolist()
+    assert shown == ["0.9447 ± 0.0061", "0.9447 ± 0.0101"]

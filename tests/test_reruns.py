@@ -1,8 +1,8 @@
 """Comparing two runs' metrics.json, timings aside: the helpers the rerun check uses, tested.
 
-Timings are the one thing allowed to differ. They live under keys whose names say so
-(``study.report.reproduction.is_timing``, which ``REPRODUCTION.md`` uses too); every other value, nested or not,
-must be equal after a JSON round trip, which for floats means bit for bit. The real rerun check is in
+Timings are the one thing allowed to differ. Each study declares which values are timings where it writes its
+metrics (``metrics.json``'s ``"kinds"``, ``study.report.kinds``, which ``REPRODUCTION.md`` uses too); every other
+value, nested or not, must be equal after a JSON round trip, which for floats means bit for bit. The real rerun check is in
 ``test_pipeline_reports``: the rerun after an interrupted run of 01 must equal the test session's uninterrupted
 run, timings aside, bit for bit.
 """
@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from study.report.reproduction import is_timing as is_timing_key
+from study.report import kinds
+
+TIMING_KINDS = ("timing", "timing_ratio", "timing_spread", "timing_verdict")
 
 
-def without_timings(value: Any) -> Any:
-    """``value`` with every dict entry whose key names a timing removed, at any depth."""
-    if isinstance(value, dict):
-        return {k: without_timings(v) for k, v in value.items() if not is_timing_key(k)}
-    if isinstance(value, list):
-        return [without_timings(v) for v in value]
-    return value
+def without_timings(metrics: dict[str, Any]) -> dict[str, Any]:
+    """``metrics`` (a ``metrics.json``) as path -> value, every value its ``"kinds"`` call a timing left out."""
+    declared = metrics.get(kinds.KEY) or {}
+    body = {k: v for k, v in metrics.items() if k not in (kinds.KEY, "headline")}
+    return {p: v for p, (v, kind) in kinds.kind_of_leaves(body, declared).items() if kind not in TIMING_KINDS}
 
 
 def differences(a: Any, b: Any, path: str = "") -> list[str]:
@@ -46,13 +46,9 @@ def leaves(value: Any) -> int:
     return 1
 
 
-def test_timing_keys_are_recognised_and_nothing_else():
-    timing = ["duration_s", "step_time_ms", "finished_at", "fine-tune adam: step time (ms), var_list / gate",
-              "ms_per_step_time", "wall_s", "per_step_ms"]
-    kept = ["acc_new_std", "finetune_steps", "seeds", "mask_steps", "data_sizes", "conv_changed_entries_mean",
-            "masks p=0.5 adam/naive: final test accuracy (fraction) / frozen entries changed, summed over 8 steps"]
-    assert [k for k in timing if not is_timing_key(k)] == []
-    assert [k for k in kept if is_timing_key(k)] == []
-    assert without_timings({"a": 1, "duration_s": 3, "b": [{"step_time_ms": 2, "c": 0.1}]}) == {"a": 1, "b": [{"c": 0.1}]}
+def test_declared_timings_are_left_out_and_nothing_else():
+    metrics = {"a": 1, "duration_s": 3, "b": [{"step_time_ms": 2, "c": 0.1}], "acc_std": 0.2, "headline": {"x": "1"},
+               "kinds": {"duration_s": "timing", "b[*]/step_time_ms": "timing"}}
+    assert without_timings(metrics) == {"a": 1, "b[0]/c": 0.1, "acc_std": 0.2}
     assert differences({"a": [1.0, 2.0], "b": 1}, {"a": [1.0, 2.0000000000000004], "c": 1}) == [
         "/b: only in the first run", "/c: only in the second run", "/a[1]: 2.0 != 2.0000000000000004"]

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from study.report.prose import pm
-from study.report.reporting import format_count, format_mean_std
+from study.report.reporting import common_decimals, format_count, format_mean_std
 from study.cnn.finetune import FINETUNE_RUN_COLUMNS
 from study.cnn.masks import STEP_COLUMNS, run_keys
 from study.cnn.setup import CnnStudyConfig  # noqa: F401
@@ -233,10 +233,11 @@ def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame
     """
     seeds = len(config.seeds)
     out = {"data": source, "seeds per row": str(seeds)}
+    acc = common_decimals(list(finetune["acc_new_mean"]), list(finetune["acc_new_std"]))
     for r in finetune.itertuples():
         out[f"fine-tune {r.optimizer}/{r.method}: test accuracy on digits 5-9 (fraction) / "
             f"frozen conv entries changed at the end (count)"] = \
-            f"{format_mean_std(r.acc_new_mean, r.acc_new_std)} / {format_count(r.conv_changed_entries_mean, r.conv_changed_entries_std)}"
+            f"{format_mean_std(r.acc_new_mean, r.acc_new_std, decimals=acc)} / {format_count(r.conv_changed_entries_mean, r.conv_changed_entries_std)}"
     for name, group in finetune.groupby("optimizer", sort=False):
         out[f"fine-tune {name}: step time (ms), " + " / ".join(group["method"])] = \
             " / ".join(f"{t:.1f}" for t in group["step_time_ms_mean"])
@@ -245,16 +246,59 @@ def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame
                     + ((traps["trained"] == False) & (traps["layer 'a' should"] == "train")).sum()  # noqa: E712
                     + (traps["error"] != "").sum())
         out[f"Keras trainable traps: scenarios that did not do what the flag says (of {len(traps)})"] = str(wrong)
+    acc = common_decimals(list(masks["accuracy_mean"]), list(masks["accuracy_std"])) if len(masks) else None
     for r in masks.itertuples():
         out[f"masks p={r.p:g} {r.optimizer}/{r.method}: final test accuracy (fraction) / frozen entries "
             f"changed, summed over {config.mask_steps} steps (count of entry-steps)"] = \
-            f"{format_mean_std(r.accuracy_mean, r.accuracy_std)} / {format_count(r.frozen_changed_total_mean, r.frozen_changed_total_std)}"
+            f"{format_mean_std(r.accuracy_mean, r.accuracy_std, decimals=acc)} / {format_count(r.frozen_changed_total_mean, r.frozen_changed_total_std)}"
     for name, group in masks.groupby("optimizer", sort=False):
         methods = list(dict.fromkeys(group["method"]))
         times = group.groupby("method", sort=False)["step_time_ms_mean"].mean()
         out[f"masks {name}: step time (ms), " + " / ".join(methods)] = " / ".join(f"{times[m]:.1f}" for m in methods)
+    acc = common_decimals(list(blocks["accuracy_mean"]), list(blocks["accuracy_std"])) if len(blocks) else None
     for r in blocks.itertuples():
         out[f"blocks {r.optimizer}/{r.method}: final test accuracy (fraction) / resting entries changed, "
             f"summed over {config.block_steps} steps (count of entry-steps)"] = \
-            f"{format_mean_std(r.accuracy_mean, r.accuracy_std)} / {format_count(r.frozen_changed_total_mean, r.frozen_changed_total_std)}"
+            f"{format_mean_std(r.accuracy_mean, r.accuracy_std, decimals=acc)} / {format_count(r.frozen_changed_total_mean, r.frozen_changed_total_std)}"
+    return out
+
+
+METRIC_KINDS = {
+    "config": "constant", "parameters": "constant", "conv_entries": "constant", "fc1_entries": "constant",
+    "cpu_count": "constant", "data_sizes": "constant", "freezing_version": "constant", "data_source": "constant",
+    "finetune_full": "constant", "blocks_full": "constant", "blocks_late_steps": "constant",
+    "one_step_gate/share": "value", "one_step_gate": "count", "one_step_masked_moment_nonzero": "count",
+    "finetune_gate_changed_min": "count", "finetune_gate_changed_max": "count",
+    "finetune_exact_changed_entries": "count", "fixed_policies_changed_entries": "count",
+    "finetune_acc_old_max": "accuracy", "finetune/**/acc_*": "accuracy", "masks/**/accuracy_*": "accuracy",
+    "blocks/**/accuracy_*": "accuracy",
+    "finetune/**/step_time_ms_mean": "timing", "masks/**/step_time_ms_mean": "timing",
+    "blocks/**/step_time_ms_mean": "timing", "duration_s": "timing",
+    "finetune_gate_time_ratio": "timing_ratio", "finetune_masked_time_ratio": "timing_ratio",
+    "finetune_time_ratio_seeds/*/*_slower": "timing_verdict",
+    "finetune_time_ratio_seeds/*/masked_below_gate": "timing_verdict", "finetune_time_ratio_seeds/*/seeds": "constant",
+    "finetune_time_ratio_seeds": "timing_spread", "finetune_time_masked_faster": "timing_verdict",
+    "keras_traps[*]/error": "message",
+}
+"""What each value of study 02's ``metrics.json`` is (``study.report.kinds``); the rest are measured values."""
+
+
+def time_ratios(finetune: pd.DataFrame, optimizers: list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Per optimizer, each seed's step-time ratios ``gate`` / ``var_list`` and ``masked_hold`` / ``var_list`` (each
+    run's median step time), as their range over seeds, and which side of 1 (or of each other) every seed is on.
+
+    A claim that one step is slower than another is made only where every seed agrees (``gate_slower``,
+    ``masked_slower``, ``masked_below_gate``); otherwise the spread over seeds does not allow it.
+    """
+    times = finetune.pivot_table(index=["optimizer", "seed"], columns="method", values="step_time_ms")
+    out: dict[str, dict[str, Any]] = {}
+    for o in optimizers:
+        if o not in times.index.get_level_values(0) or not {"gate", "masked_hold", "var_list"} <= set(times.columns):
+            continue
+        t = times.loc[o]
+        gate, masked = t["gate"] / t["var_list"], t["masked_hold"] / t["var_list"]
+        out[o] = {"seeds": int(len(t)), "gate_min": float(gate.min()), "gate_max": float(gate.max()),
+                  "masked_min": float(masked.min()), "masked_max": float(masked.max()),
+                  "gate_slower": bool((gate > 1).all()), "masked_slower": bool((masked > 1).all()),
+                  "masked_below_gate": bool((masked < gate).all())}
     return out

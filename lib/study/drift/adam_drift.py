@@ -27,7 +27,7 @@ from freezing.masked_optimizer import MaskedOptimizer
 from freezing.determinism import enable_determinism
 from study.optimizers import OPTIMIZERS, make_optimizer
 from study.processes import map_in_processes
-from study.report.prose import num, pm, sci
+from study.report.prose import ceil, num, pm
 from study.report.reporting import format_count
 from freezing.slots import SlotStash, reset_slots, restore_slots, slots, stash_slots
 from study.validation import check_choice, check_choices, check_int_list, check_positive_int, check_range
@@ -442,5 +442,15 @@ def headline(metrics: dict[str, Any], summary: pd.DataFrame) -> dict[str, str]:
         out[f"MaskedOptimizer {policies}, all {fixed['optimizer'].nunique()} optimizers: frozen entries changed, "
             f"summed over {steps} steps and all seeds (count)"] = f"{metrics['fixed_policies_changed_entries']}"
     out["Adam's drift predicted from m, v, β₁, β₂, ε, t: max |measured − predicted| / max |measured| (W units)"] = \
-        f"{sci(metrics['prediction_max_abs_error'])} / {num(metrics['prediction_max_abs_drift'])}"
+        f"{ceil(metrics['prediction_max_abs_error'], 'sci')} (at most) / {num(metrics['prediction_max_abs_drift'])}"
     return out
+
+
+METRIC_KINDS = {
+    "config": "constant", "freezing_version": "constant", "data_source": "constant",
+    "steps_after_freezing": "constant", "frozen_entries_per_run": "constant", "max_entry_steps_per_run": "constant",
+    "optimizer_classes": "constant",
+    "seed2/*changed_entries*": "count", "fixed_policies_changed_entries": "count",
+    "duration_s": "timing",
+}
+"""What each value of study 01's ``metrics.json`` is (``study.report.kinds``); the rest are measured values."""

@@ -75,7 +75,10 @@ def drift_heatmap(matrix: pd.DataFrame, labels: dict[str, str] | None = None) ->
     cmap = ListedColormap(plt.get_cmap("magma_r")(np.linspace(0.15, 0.95, 256)))
     cmap.set_bad("0.8")
     steps = sorted(matrix["step"].unique())
-    fig, axes = plt.subplots(1, len(policies), figsize=(3.9 * len(policies) + 1.2, 0.3 * len(optimizers) + 2.2),
+    names = [(labels or {}).get(o, o) for o in optimizers]
+    label_in = 0.075 * max((len(n) for n in names), default=0)  # the row labels' width, so panels keep theirs
+    fig, axes = plt.subplots(1, len(policies), figsize=(3.4 * len(policies) + 1.6 + label_in,
+                                                        0.3 * len(optimizers) + 2.5),
                              sharey=True, sharex=True, squeeze=False, layout="constrained")
     image = None
     for ax, policy in zip(axes[0], policies):
@@ -84,9 +87,9 @@ def drift_heatmap(matrix: pd.DataFrame, labels: dict[str, str] | None = None) ->
         image = ax.imshow(values, aspect="auto", cmap=cmap, norm=norm, interpolation="nearest",
                           extent=(steps[0] - 0.5, steps[-1] + 0.5, len(optimizers) - 0.5, -0.5))
         still = int((changed.loc[policy].reindex(optimizers) == 0).sum())
-        ax.set_title(f"{policy}: {still} of {len(optimizers)} optimizers\nchanged no frozen entry", fontsize=10)
+        ax.set_title(f"{policy}\n{still} of {len(optimizers)} optimizers\nchanged no frozen entry", fontsize=9.5)
         ax.set_xlabel("step after freezing")
-        ax.set_yticks(range(len(optimizers)), [(labels or {}).get(o, o) for o in optimizers])
+        ax.set_yticks(range(len(optimizers)), names)
         ticks = [s for s in steps if s == 1 or s % max(1, len(steps) // 4) == 0]
         ax.set_xticks(ticks)
     if image is not None and norm is not None:

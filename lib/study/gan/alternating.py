@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import re
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,7 +288,9 @@ class _Runner:
             self.opt_d.apply_gradients(zip(zeroed, self.d_vars + self.g_vars))
         elif method == "stop_gradient":  # G's gradients are None: Keras skips them
             grads = tape.gradient(d_loss, self.d_vars + self.g_vars)
-            self.opt_d.apply_gradients(zip(grads, self.d_vars + self.g_vars))
+            with warnings.catch_warnings():  # Keras warns that G's gradients do not exist: that is the method
+                warnings.filterwarnings("ignore", message="Gradients do not exist", category=UserWarning)
+                self.opt_d.apply_gradients(zip(grads, self.d_vars + self.g_vars))
         elif masked:
             grads = tape.gradient(d_loss, self.d_vars)
             self.opt_d.apply_gradients(zip(grads, self.d_vars), trainable_masks=[~f for f in d_frozen_part])

@@ -89,3 +89,15 @@ def headline(summary: pd.DataFrame, classifier_accuracy: float, source: str, ite
         out[f"time per iteration under {name} (ms): " + " / ".join(rows["method"])] = " / ".join(
             format_mean_std(r.time_per_iteration_ms_mean, r.time_per_iteration_ms_std, 2) for r in rows.itertuples())
     return out
+
+
+METRIC_KINDS = {
+    "config": "constant", "freezing_version": "constant", "data_source": "constant", "network_sizes": "constant",
+    "trained": "constant",
+    "on_page_step": "count", "runs/**/single_class_runs": "count", "random_gates_single_class_runs": "count",
+    "random_gates_runs": "count", "classifier_test_accuracy": "accuracy",
+    "runs/**/time_per_iteration_ms": "timing", "runs/**/time_per_iteration_ms_std": "timing_spread",
+    "duration_s": "timing",
+    "unknown_variable_trap[*]/outcome": "message",
+}
+"""What each value of study 03's ``metrics.json`` is (``study.report.kinds``); the rest are measured values."""

@@ -22,6 +22,10 @@ COLUMNS = {  # every table of study 04: column -> meaning (unit)
     "method": "the way all gradients are fetched (one pass, one call per variable, or a recomputed pass per variable)",
     "ms": "median wall time to get all gradients of the Deep MNIST CNN for one batch, over `repeats` (ms)",
     "ratio_to_one_pass": "ms / the one-pass method's ms in the same mode (ratio)",
+    "ms_min": "fastest of the `repeats` timed calls (ms)",
+    "ms_max": "slowest of the `repeats` timed calls (ms)",
+    "ratio_low": "the ratio's low end over the repeats: ms_min / the one-pass method's ms_max (ratio)",
+    "ratio_high": "the ratio's high end over the repeats: ms_max / the one-pass method's ms_min (ratio)",
     # quadratic_trace
     "step": "step of the compute-transform-apply loop on y = 0.5 (x - 3)^2; 0 is the start (count)",
     "x": "x at the start of the step (after the previous step's update)",

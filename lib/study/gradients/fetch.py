@@ -26,14 +26,15 @@ from study.training import LOSS
 from study.gradients.config import GradientStudyConfig
 
 
-def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
+def _times_ms(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
+    """Median, fastest and slowest wall time of ``repeats`` calls of ``fn`` after one warm-up call (ms)."""
     fn()  # warm up / trace
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return 1e3 * float(np.median(times))
+    return {"ms": 1e3 * float(np.median(times)), "ms_min": 1e3 * min(times), "ms_max": 1e3 * max(times)}
 
 
 def _tf1_cnn(batch: int) -> tuple[tf.Graph, Any, Any, list[Any], list[Any]]:
@@ -60,7 +61,12 @@ def _tf1_cnn(batch: int) -> tuple[tf.Graph, Any, Any, list[Any], list[Any]]:
 
 
 def fetch_costs(config: GradientStudyConfig, seed: int = 0) -> pd.DataFrame:
-    """ms to get every gradient of the CNN, per method, and the ratio to one pass in the same mode. ``fetch_costs(cfg)``"""
+    """ms to get every gradient of the CNN, per method, and the ratio to one pass in the same mode. ``fetch_costs(cfg)``
+
+    Each row holds the median, fastest and slowest of ``config.repeats`` timed calls, the ratio of medians to the
+    mode's one-pass method, and that ratio's spread over the repeats: ``ratio_low`` (this method's fastest over
+    one pass's slowest) to ``ratio_high`` (slowest over fastest). A ratio is on one side of 1 only when its whole
+    spread is."""
     rng = np.random.default_rng(seed)
     xb = rng.random((config.batch, 28, 28, 1)).astype(np.float32)
     yb = rng.integers(0, 10, config.batch).astype(np.int32)
@@ -70,9 +76,9 @@ def fetch_costs(config: GradientStudyConfig, seed: int = 0) -> pd.DataFrame:
         sess.run(tf.compat.v1.variables_initializer(variables))
         feed = {x: xb, y: yb}
         rows.append({"mode": "TF1 graph", "method": "one sess.run(all gradients)",
-                     "ms": _median_ms(lambda: sess.run(grads, feed), config.repeats)})
+                     **_times_ms(lambda: sess.run(grads, feed), config.repeats)})
         rows.append({"mode": "TF1 graph", "method": "g.eval() per variable",
-                     "ms": _median_ms(lambda: [g.eval(feed, session=sess) for g in grads], config.repeats)})
+                     **_times_ms(lambda: [g.eval(feed, session=sess) for g in grads], config.repeats)})
     keras.utils.set_random_seed(seed)
     model = deep_mnist_cnn()
     xs, ys = tf.constant(xb), tf.constant(yb)
@@ -105,9 +111,12 @@ def fetch_costs(config: GradientStudyConfig, seed: int = 0) -> pd.DataFrame:
         for name, fn in methods.items():
             wrapped = wrap(fn)
             rows.append({"mode": mode, "method": name,
-                         "ms": _median_ms(lambda: [g.numpy() for g in wrapped()], config.repeats)})
+                         **_times_ms(lambda: [g.numpy() for g in wrapped()], config.repeats)})
     table = pd.DataFrame(rows)
-    table["ratio_to_one_pass"] = table["ms"] / table.groupby("mode")["ms"].transform("first")
+    first = table.groupby("mode")
+    table["ratio_to_one_pass"] = table["ms"] / first["ms"].transform("first")
+    table["ratio_low"] = table["ms_min"] / first["ms_max"].transform("first")  # the repeats' spread, both ways
+    table["ratio_high"] = table["ms_max"] / first["ms_min"].transform("first")
     return table
 
 

@@ -23,14 +23,17 @@ def _at(frame: pd.DataFrame, row: Any, column: str) -> float:
         return NAN
 
 
-def fetch_numbers(costs: pd.DataFrame) -> dict[str, float]:
-    """Ratio to one pass of each slow way of fetching gradients, by a short name.
+def fetch_numbers(costs: pd.DataFrame) -> dict[str, Any]:
+    """Ratio to one pass of each slow way of fetching gradients, by a short name, with its spread over the repeats
+    (``<name>_spread_low`` / ``_high``) and the side of 1 that whole spread is on (``<name>_side``: ``"above"``,
+    ``"below"``, or ``"either"`` when the spread straddles 1).
 
     >>> costs = pd.DataFrame({"mode": ["TF1 graph"], "method": ["g.eval() per variable"], "ratio_to_one_pass": [3.9]})
     >>> fetch_numbers(costs)["tf1_eval_per_variable"]
     3.9
     """
     ratio = costs.set_index(["mode", "method"])["ratio_to_one_pass"].to_frame()
+    spread = costs.set_index(["mode", "method"]).reindex(columns=["ratio_low", "ratio_high"])
     names = {
         "tf1_eval_per_variable": ("TF1 graph", "g.eval() per variable"),
         "eager_recompute": ("TF2 eager", "recompute forward and backward per variable"),
@@ -38,7 +41,13 @@ def fetch_numbers(costs: pd.DataFrame) -> dict[str, float]:
         "function_persistent": ("TF2 tf.function", "persistent tape, one gradient call per variable"),
         "function_recompute": ("TF2 tf.function", "recompute forward and backward per variable"),
     }
-    return {name: _at(ratio, key, "ratio_to_one_pass") for name, key in names.items()}
+    out: dict[str, Any] = {}
+    for name, key in names.items():
+        out[name] = _at(ratio, key, "ratio_to_one_pass")
+        low, high = _at(spread, key, "ratio_low"), _at(spread, key, "ratio_high")
+        out[f"{name}_spread_low"], out[f"{name}_spread_high"] = low, high
+        out[f"{name}_side"] = "above" if low > 1 else "below" if high < 1 else "either"  # NaN: "either"
+    return out
 
 
 def cluster_numbers(ps_runs: pd.DataFrame, placement: pd.DataFrame) -> dict[str, float]:
@@ -179,3 +188,32 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
     out["faults: updates in the last checkpoint restored / lost with the ps / applied after the last restart"] = \
         f"{f['restored_version']} / {f['lost_with_ps']} / {f['applied_after_restart']}"
     return out
+
+
+METRIC_KINDS = {
+    "config": "constant", "freezing_version": "constant", "data_source": "constant", "cnn_variables": "constant",
+    "cnn_parameters": "constant", "train_images": "constant", "cpu_count": "constant",
+    "fetch_costs/**/ms": "timing", "fetch_costs/**/ratio": "timing_ratio", "fetch_spread": "timing_spread",
+    "downpour_demo/updates": "count", "downpour_demo/staleness_*": "sample", "ps_staleness/*": "sample",
+    "ps/*/steps_per_s_std": "timing_spread", "ps/*/steps_per_s": "timing", "ps/*/updates_per_s": "timing",
+    "ps/*/worker_cpu_share_min": "timing_ratio", "ps/*/worker_cpu_s_per_step": "timing",
+    "ps/*/final_accuracy": "accuracy",
+    "bytes_per_ps_task": "count",
+    "n_push_sweep[*]/steps_per_s_std": "timing_spread", "n_push_sweep[*]/steps_per_s": "timing",
+    "n_push_sweep[*]/n_push": "constant", "n_push_sweep[*]/final_accuracy": "accuracy",
+    "faults/**/seconds": "timing", "faults/faults[*]/error": "message", "faults/faults[*]/restarted": "message",
+    "fault_rows[*]/how it came back": "message",
+    "ps_masked/workers": "constant", "ps_masked/mask_placement": "constant", "ps_masked/frozen_entries": "count",
+    "ps_masked/trainable_entries": "count", "ps_masked/frozen_changed_bits": "count",
+    "ps_masked/optimizer_bytes_per_task": "count", "ps_masked/*accuracy": "accuracy",
+    "quoted/*_spread_*": "timing_spread", "quoted/*_side": "timing_verdict",  # before the ratios they belong to
+    "quoted/tf1_eval_per_variable": "timing_ratio", "quoted/eager_*": "timing_ratio", "quoted/function_*": "timing_ratio",
+    "quoted/worker_cpu_ms*": "timing", "quoted/worker_cpu_ratio": "timing_ratio", "quoted/ps_cpu_ratio": "timing_ratio",
+    "quoted/link_gbit_s": "constant", "quoted/transfer_s": "constant", "quoted/largest_variable*": "constant",
+    "quoted/model_mb": "constant", "quoted/mb_per_task": "constant", "quoted/n_smallest": "constant",
+    "quoted/n_largest": "constant", "quoted/updates_smallest": "constant", "quoted/updates_largest": "constant",
+    "quoted/sweep_steps": "constant", "quoted/accuracy_*": "accuracy",
+    "duration_s": "timing",
+}
+"""What each value of study 04's ``metrics.json`` is (``study.report.kinds``); the rest are measured values
+(staleness, accuracy, counts of updates, which vary between asynchronous runs)."""

@@ -160,7 +160,8 @@ def fault_timeline(result: Mapping[str, Any]) -> plt.Figure:
     fault, and the updates a restart lost (from the checkpoint it resumed from to where the killed attempt was).
 
     One bar per attempt of the chief, from the update count it started at (0, or the checkpoint it resumed from)
-    to the count when it ended (the next kill of the chief or a ps task, or the end of the job).
+    to the count when it ended (the next kill of the chief or a ps task, or the end of the job). An end that was not
+    counted exactly (a killed chief: the launcher's last reading) is drawn dotted and labelled as estimated.
     """
     attempts = list(result.get("attempts", []))
     restarts = [f for f in result["faults"] if not f["killed"].startswith("worker")]
@@ -188,8 +189,12 @@ def fault_timeline(result: Mapping[str, Any]) -> plt.Figure:
         ax.plot(mine, [i] * len(mine), ls="none", marker="|", ms=16, mew=2, color="k", zorder=4,
                 label=once("checkpoint saved"))
         if i < len(restarts):
-            ax.annotate(f"{restarts[i]['killed']} killed", (end, i), xytext=(4, 8), textcoords="offset points",
-                        fontsize=8, color="C3")
+            estimated = restarts[i].get("version_at_failure") is None  # the killed chief's own count died with it
+            if estimated:
+                ax.plot([end, end], [i - 0.34, i + 0.34], ls=":", lw=1.6, color="C3", zorder=5,
+                        label=once("end estimated: the launcher's last reading before the kill (not exact)"))
+            ax.annotate(f"{restarts[i]['killed']} killed" + (f" (≈{end}, estimated)" if estimated else ""),
+                        (end, i), xytext=(4, 8), textcoords="offset points", fontsize=8, color="C3")
     for fault in result["faults"]:
         if fault["killed"].startswith("worker"):
             seen = int(fault.get("version_seen") or 0)

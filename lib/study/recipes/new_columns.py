@@ -68,7 +68,7 @@ def new_columns_study(config: RecipesConfig, data: MnistSplits, pretrained: Mapp
                            else sum(c.state_bytes() for c in constraints))
             rows.append({"method": method, "optimizer": config.new_columns_optimizer, "seed": seed,
                          "weights": _digest(model.weights),
-                         **_accuracies(model, data), "acc_old_before": pretrained[seed].acc_old,
+                         **_accuracies(model, data), "acc_old_pretrained": pretrained[seed].acc_old,
                          "old_moved": moved, "old_entries": n_frozen, "old_max_relative_change": largest,
                          "new_changed": trained,
                          "frozen_momentum_nonzero": slot_moved, "extra_state_bytes": extra_bytes,

@@ -45,7 +45,10 @@ COLUMNS = {
     "acc_new": "test accuracy on digits 5-9, 10-way (fraction)",
     "acc_old": "test accuracy on digits 0-4, 10-way (fraction)",
     "acc_old_among_old": "test accuracy on digits 0-4, argmax over the 5 old logits only (fraction)",
-    "acc_old_before": "test accuracy on digits 0-4 before fine-tuning (fraction)",
+    "acc_old_before": "test accuracy on digits 0-4 of the model with its head extended to 10 classes, 10-way, just "
+                      "before fine-tuning (fraction)",
+    "acc_old_pretrained": "test accuracy on digits 0-4 of the pretrained 5-class model, before its head was extended "
+                          "(fraction)",
     "acc_dense": "test accuracy of the dense CNN before pruning, first prune_eval_samples test images (fraction)",
     "acc_pruned": "test accuracy just after pruning, before fine-tuning (fraction)",
     "acc_finetuned": "test accuracy after fine-tuning the pruned CNN (fraction)",

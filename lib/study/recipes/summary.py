@@ -252,3 +252,15 @@ def headline(metrics: Mapping[str, Any], source: str) -> dict[str, str]:
             f"{format_count(r['moved'], r['moved_std'])} of {format_count(r['frozen'], r['frozen_std'])} / " \
             f"{format_mean_std(r['accuracy'], r['accuracy_std'])}"
     return out
+
+
+METRIC_KINDS = {
+    "config": "constant", "freezing_version": "constant", "data_source": "constant", "data_sizes": "constant",
+    "keras_version": "constant", "cnn_parameters": "constant", "fc1_kernel_entries": "constant",
+    "**/step_time_ms_std": "timing_spread", "**/step_time_ms_min": "timing_spread",
+    "**/step_time_ms_max": "timing_spread",
+    "**/step_time_ms": "timing", "pruning/dense_adam_step_time_ms": "timing", "pruning_step_time_ms": "timing",
+    "duration_s": "timing",
+    "traps[*]/error": "message", "**/methods/*/error": "message",
+}
+"""What each value of study 05's ``metrics.json`` is (``study.report.kinds``); the rest are measured values."""

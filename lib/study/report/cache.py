@@ -12,6 +12,10 @@ The key is a SHA-256 over (``key_parts``):
   studies 01-04's ``metrics.json`` for its which-method table);
 * the machine (``machine``: CPU model, cores, oneDNN in the build and ``TF_ENABLE_ONEDNN_OPTS``, thread settings).
 
+``split_key`` separates what is in the repository (``inputs``: everything above but the installed packages and the
+machine) from where it ran; ``results/manifest.json`` records both, and ``study.report.provenance`` recomputes the
+inputs at ``HEAD`` (``python -m study.report --verify``).
+
 Where the last key of each notebook is kept, and what else reuse requires, is ``study.report.records``.
 ``notebook_key(Path("notebooks/01_adam_drift.ipynb"), params)``
 """
@@ -188,7 +192,7 @@ def key_parts(notebook: Path, parameters: dict[str, Any], lock: Path | None = No
              "requirements.txt": digest(lock.read_bytes()) if lock.is_file() else "missing",
              "packages": digest(plain(packages())),
              "machine": digest(plain(host if host is not None else machine())),
-             "data": digest(plain(data_identity(parameters)))}
+             "data": digest(plain(_contents(data_identity(parameters))))}
     for name, path in modules(notebook, root).items():
         parts[f"module:{name}"] = digest(path.read_bytes())
     for path in reads(notebook):
@@ -201,6 +205,24 @@ def notebook_key(notebook: Path, parameters: dict[str, Any], lock: Path | None =
                  out: Path | None = None, host: dict[str, Any] | None = None) -> str:
     """The cache key of one notebook run (hex SHA-256 over ``key_parts``)."""
     return key_of(key_parts(notebook, parameters, lock, root, out, host))
+
+
+def _contents(identity: dict[str, Any]) -> dict[str, Any]:
+    """``data_identity`` without the absolute paths: the key follows the data's content, not where it lives."""
+    return {k: {f: v for f, v in entry.items() if f != "path"} for k, entry in identity.items()}
+
+
+MACHINE_PARTS = ("machine", "packages")
+"""Parts of the key that describe where a notebook ran (this machine, its installed packages), not the repository."""
+
+
+def split_key(parts: dict[str, str]) -> dict[str, Any]:
+    """The key as the manifest records it: ``inputs`` (SHA-256 over every part but ``MACHINE_PARTS``: what is in
+    the repository), ``machine`` and ``packages`` apart, the full ``key``, and ``covers``: each input part's digest,
+    so that ``--verify`` can name what changed."""
+    inputs = {k: v for k, v in parts.items() if k not in MACHINE_PARTS}
+    return {"key": key_of(parts), "inputs": key_of(inputs), "machine": parts.get("machine"),
+            "packages": parts.get("packages"), "covers": dict(sorted(inputs.items()))}
 
 
 def key_of(parts: dict[str, str]) -> str:

@@ -2,8 +2,9 @@
 
 What the reader gets, and why:
 
-* **Code to copy, and nothing else**: a code cell's input is shown only when the cell is tagged ``show-input``
-  (the technique on the page: the few lines a reader copies). Set-up, sweeps and assertion cells stay hidden;
+* **Code to copy, and the checks**: a code cell's input is shown only when the cell is tagged ``show-input``
+  (the technique on the page: the few lines a reader copies) or holds an ``assert`` (the assertion cells that
+  check each finding against the run's numbers, which the intros describe). Set-up and sweeps stay hidden;
   their outputs (tables, figures, printed numbers) are what the report is for. Hidden cells get nbconvert's
   ``transient.remove_source`` flag in the report's copy only.
 * **Title**: the notebook's first ``# `` heading (``<title>`` and browser tab), not nbconvert's "Notebook".
@@ -30,6 +31,7 @@ What the reader gets, and why:
 
 from __future__ import annotations
 
+import ast
 import copy
 import html
 import re
@@ -217,6 +219,15 @@ def _alt(output: Any, mime: str) -> str | None:
     return str(value).strip() if value and str(value).strip() != PLACEHOLDER_ALT else None
 
 
+def has_assertion(source: str) -> bool:
+    """Whether a code cell holds an ``assert`` statement: an assertion cell, whose code the report shows (the
+    intros say the assertions check each finding; a reader can see what they check)."""
+    try:
+        return any(isinstance(n, ast.Assert) for n in ast.walk(ast.parse(source)))
+    except SyntaxError:
+        return bool(re.search(r"(?m)^\s*assert\b", source))
+
+
 def clean_outputs(nb: Any, default_title: str = "Study report") -> CleanReport:
     """Filter ``nb`` (in place) for the report: title, no stderr, no bare reprs, ``alt`` on every image, and
     every code cell's input hidden unless the cell is tagged ``show-input``."""
@@ -231,7 +242,7 @@ def clean_outputs(nb: Any, default_title: str = "Study report") -> CleanReport:
             continue
         if cell.cell_type != "code":
             continue
-        if SHOW_INPUT_TAG not in cell.get("metadata", {}).get("tags", []):
+        if SHOW_INPUT_TAG not in cell.get("metadata", {}).get("tags", []) and not has_assertion(cell.source):
             cell.setdefault("metadata", {}).setdefault("transient", {})["remove_source"] = True
         kept = []
         for output in cell.get("outputs", []):
@@ -279,11 +290,16 @@ def external_urls(page: str) -> list[str]:
 
 
 def render_report(executed: str | Path, html_path: str | Path | None = None,
-                  nb: Any = None) -> tuple[str, CleanReport]:
-    """Render ``executed`` (an .ipynb, left untouched) as HTML; write it to ``html_path`` if given."""
+                  nb: Any = None, note: str | None = None) -> tuple[str, CleanReport]:
+    """Render ``executed`` (an .ipynb, left untouched) as HTML; write it to ``html_path`` if given. ``note``
+    (Markdown, e.g. how the run was timed) is shown right after the cell holding the title."""
     executed = Path(executed)
     nb = copy.deepcopy(nb) if nb is not None else nbformat.read(executed, as_version=4)
     report = clean_outputs(nb, default_title=executed.stem)
+    if note:
+        at = next((i + 1 for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+                   and re.search(r"(?m)^ {0,3}#\s", c.source)), 0)
+        nb.cells.insert(at, nbformat.v4.new_markdown_cell(note))
     body, _ = ReportExporter().from_notebook_node(nb, resources={"metadata": {"name": report.title}})
     report.external = external_urls(body)
     if html_path is not None:

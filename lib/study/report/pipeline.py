@@ -1,6 +1,7 @@
 """Run every notebook with papermill, render an HTML report, and record a manifest: ``python -m study.report``.
 
-``python -m study.report --profile full --out results`` executes ``notebooks/NN_topic.ipynb`` with
+``python -m study.report --verify`` runs nothing and checks the committed results against the working tree
+(``study.report.provenance``). ``python -m study.report --profile full --out results`` executes ``notebooks/NN_topic.ipynb`` with
 ``notebooks/params/NN_topic.full.yaml``, in a staging folder. Only a notebook that finished is moved into
 ``results/NN_topic/`` (executed notebook, HTML report with inputs hidden, the figures, tables and metrics.json it
 wrote), and ``results/manifest.json`` records its git commit (and whether the working tree differed from it),
@@ -46,8 +47,9 @@ from typing import Any
 
 import yaml
 
-from study.report import cache, reproduction
+from study.report import cache, provenance, reproduction
 from study.report.execution import SIGNALS, Interrupted, Started, execute
+from study.report.load import Load, report_note
 from study.report.prose import ProseError, unfilled
 from study.report.records import Records
 from study.report.reporting import write_text
@@ -141,14 +143,15 @@ def check_findings(executed: Path) -> None:
                          f"prose.show_findings(metrics)? {problems[0]}")
 
 
-def render_html(executed: Path, html: Path) -> Any:
+def render_html(executed: Path, html: Path, note: str | None = None) -> Any:
     """Write the executed notebook as an offline HTML report, code hidden. ``render_html(nb, out)``
 
-    The .ipynb stays as executed (stderr and all); only the report is cleaned. Returns what was cleaned.
+    The .ipynb stays as executed (stderr and all); only the report is cleaned. ``note`` (Markdown: how the run was
+    timed) is shown under the report's title. Returns what was cleaned.
     """
     from study.report.html_report import render_report
 
-    _, report = render_report(executed, html)
+    _, report = render_report(executed, html, note=note)
     return report
 
 
@@ -171,9 +174,10 @@ def run_notebook(notebook: Path, profile: str, out: Path, timeout_s: int,
     started = time.perf_counter()
     processes = Started()  # what this notebook's run starts (its kernel and the kernel's children), nothing else
     try:
-        execute(notebook, staging / f"{name}.ipynb", {**params, "out_dir": str(staging.resolve())}, timeout_s)
+        with Load() as load:
+            execute(notebook, staging / f"{name}.ipynb", {**params, "out_dir": str(staging.resolve())}, timeout_s)
         check_findings(staging / f"{name}.ipynb")
-        cleaned = render_html(staging / f"{name}.ipynb", staging / f"{name}.html")
+        cleaned = render_html(staging / f"{name}.ipynb", staging / f"{name}.html", note=report_note(load.result))
         duration = time.perf_counter() - started
         metrics_path = staging / "metrics.json"
         metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
@@ -181,12 +185,14 @@ def run_notebook(notebook: Path, profile: str, out: Path, timeout_s: int,
             "title": cleaned.title,
             "profile": profile,
             "parameters": params,
+            "effective_parameters": metrics.get("config", "not recorded"),
             "data_source": metrics.get("data_source", "not recorded"),
             "duration_s": round(duration, 1),
             "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             **git_state(out, notebook.parent),
             "packages": {**cache.packages(), "platform": platform.platform()},
             "machine": machine(),
+            "load": load.result,
             "reproduction": reproduction.against_committed(out, name, staging, profile),
         }
     except PapermillExecutionError as e:
@@ -245,6 +251,22 @@ def record_run(out: Path, name: str, entry: dict[str, Any]) -> None:
     write_pages(out)
 
 
+def mark_kept(out: Path, name: str, parts: dict[str, str], commit: str) -> None:
+    """Record in the manifest that ``name``'s result was kept at ``commit`` under the same key (nothing is written
+    when the manifest already says so, or has no entry with that key for it)."""
+    path = out / "manifest.json"
+    manifest = json.loads(path.read_text()) if path.is_file() else {}
+    entry = manifest.get(name)
+    if not isinstance(entry, dict) or (entry.get("key") or {}).get("key") != cache.key_of(parts):
+        return
+    if (entry.get("result") or {}).get("at") == commit:
+        return
+    made = entry.get("result") or {}
+    entry["result"] = {"how": "kept", "at": commit,
+                       "made_at": made.get("made_at", made.get("at", entry.get("commit")))}
+    update_manifest(out, name, entry)
+
+
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     """``["seeds=[0, 1]", "steps=5"]`` -> ``{"seeds": [0, 1], "steps": 5}`` (values parsed as YAML)."""
     overrides = {}
@@ -262,8 +284,11 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m study.report --profile smoke --out build/smoke``."""
     parser = argparse.ArgumentParser(prog="python -m study.report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", choices=PROFILES, required=True, help="which notebooks/params/*.<profile>.yaml to use")
-    parser.add_argument("--out", type=Path, required=True, help="results folder, e.g. results or build/smoke")
+    parser.add_argument("--profile", choices=PROFILES, help="which notebooks/params/*.<profile>.yaml to use")
+    parser.add_argument("--out", type=Path, help="results folder, e.g. results or build/smoke (--verify: results)")
+    parser.add_argument("--verify", action="store_true",
+                        help="run nothing: check that every result in --out (default: results) was made from the "
+                             "inputs at this working tree; exit 1 naming each stale study and what changed")
     parser.add_argument("--notebooks", type=Path, default=DEFAULT_NOTEBOOKS,
                         help="folder of NN_topic.ipynb notebooks and params/ (default: ./notebooks)")
     parser.add_argument("--only", nargs="+", metavar="NOTEBOOK", help="run only these notebooks (by name)")
@@ -276,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="where this machine's record of finished runs lives (default: build/records beside "
                              "the notebooks folder)")
     args = parser.parse_args(argv)
+    if args.verify:
+        return provenance.main(args.out or Path("results"), args.notebooks)
+    if args.profile is None or args.out is None:
+        parser.error("--profile and --out are required (or --verify)")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("papermill").setLevel(logging.INFO)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -300,12 +329,15 @@ def main(argv: list[str] | None = None) -> int:
                 if old is not None:
                     print(f"[{i}/{len(chosen)}] {nb.stem} ({args.profile}) reused: this machine ran it with the same "
                           f"key (key {key[:12]}...) on {old.get('finished_at', '?')} -> {out / nb.stem}", flush=True)
+                    with SIGNALS.hold():
+                        mark_kept(out, nb.stem, parts, git_state(out, nb.parent)["commit"])
                     current = None
                     continue
                 why = "--force" if args.force else records.why_not(nb.stem, key, parts)
                 print(f"[{i}/{len(chosen)}] {nb.stem} ({args.profile}) runs ({why}) ...", flush=True)
 
-                def record(entry: dict[str, Any], name: str = nb.stem) -> None:
+                def record(entry: dict[str, Any], name: str = nb.stem, parts: dict[str, str] = parts) -> None:
+                    entry = provenance.record(entry, parts, out / name, "rerun", entry["commit"])
                     record_run(out, name, entry)
                     records.save(name, key, parts)
                     done.append(name)

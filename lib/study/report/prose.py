@@ -23,7 +23,10 @@ Filters (besides Jinja's own): ``num`` (significant digits, plain notation), ``s
 ``7.1e-7``), ``fixed`` (decimals), ``pct`` (a fraction as a percentage), ``times`` (a ratio, ``3.89×``),
 ``pm`` (``mean | pm(std)``), ``count`` (an integer with thousands separators), ``signed`` (``+0.015``), and for
 bounds, which must round outward: ``floor`` ("at least": ``{{ m.min | floor("pct", 0) }}`` gives ``91%`` for
-0.9191) and ``ceil`` ("at most", "up to": ``{{ m.max | ceil("sci") }}`` gives ``1.2e-6`` for 1.12e-6).
+0.9191) and ``ceil`` ("at most", "up to": ``{{ m.max | ceil("sci") }}`` gives ``1.2e-6`` for 1.12e-6). Each bound is
+checked as it is printed: the number shown is read back (``printed_value``) and must not lie inside the value it
+bounds, or the finding fails with ``ProseError``. A range over runs ("from ... to ...", "between ... and ...") is two
+bounds: its low end is a ``floor``, its high end a ``ceil``.
 ``lint_prose`` finds decimals, percentages and ratios typed into a notebook's prose instead.
 
 ``python -m study.report.prose NOTEBOOK.ipynb METRICS.json`` prints the notebook's findings filled in (or the error).
@@ -158,20 +161,32 @@ def _decimals(x: float, digits: int) -> int:
     return max(digits - 1 - math.floor(math.log10(abs(x))), 0) if x else 0
 
 
-def pm(mean: Any, std: Any, digits: int = 3) -> str:
+def pm_decimals(mean: Any, std: Any, digits: int = 3) -> int | None:
+    """The decimals ``pm`` shows ``mean ± std`` with (None where it uses another notation). Give the largest over a
+    column to ``pm(..., decimals=)`` so that every row of it shows the same precision."""
+    mean, std = _number(mean), _number(std)
+    plain = all(math.isfinite(x) and (x == 0 or 1e-4 <= abs(x) < 1e7) for x in (mean, std))
+    if std != std or not plain or std == 0:
+        return None
+    return max(_decimals(std, 2), _decimals(mean, digits))
+
+
+def pm(mean: Any, std: Any, digits: int = 3, decimals: int | None = None) -> str:
     """``mean ± std``: the std to two significant digits and the mean to the same decimal place (or to ``digits``
-    significant digits, where that is finer); the std is left out when it is NaN (one seed).
+    significant digits, where that is finer); the std is left out when it is NaN (one seed). ``decimals`` fixes
+    the decimal places instead (a table column, so that equal means print equally).
 
     >>> pm(0.5123, 0.0104), pm(6.98, 0.12), pm(1.005, 0.065), pm(0.5, float("nan")), pm(1280.0, 0.0)
     ('0.512 ± 0.010', '6.98 ± 0.12', '1.005 ± 0.065', '0.5', '1,280 ± 0')
+    >>> pm(0.94467, 0.0101, decimals=4), pm(0.94467, 0.0061, decimals=4)
+    ('0.9447 ± 0.0101', '0.9447 ± 0.0061')
     """
     mean, std = _number(mean), _number(std)
     if std != std:
-        return num(mean, digits)
-    plain = all(math.isfinite(x) and (x == 0 or 1e-4 <= abs(x) < 1e7) for x in (mean, std))
-    if not plain or std == 0:
+        return num(mean, digits) if decimals is None else f"{round(mean, decimals):,.{decimals}f}"
+    d = pm_decimals(mean, std, digits) if decimals is None else decimals
+    if d is None:
         return f"{num(mean, digits)} ± {num(std, 2)}"
-    d = max(_decimals(std, 2), _decimals(mean, digits))
     return f"{round(mean, d):,.{d}f} ± {round(std, d):,.{d}f}"
 
 
@@ -220,10 +235,29 @@ def ceil(x: Any, style: str = "num", *args: Any) -> str:
     return _bound(x, style, args, "ceil")
 
 
+def printed_value(text: str) -> float:
+    """The number a formatted string shows: ``printed_value("1,234.5×") == 1234.5``; ``"12.5%"`` is 0.125.
+
+    >>> printed_value("7.2e-7"), printed_value("91%"), printed_value("−0.015"), printed_value("1,532")
+    (7.2e-07, 0.91, -0.015, 1532.0)
+    """
+    plain = text.strip().replace(",", "").replace("−", "-").rstrip("×")
+    if plain.endswith("%"):
+        return float(Decimal(plain[:-1]) / 100)
+    return float(plain)
+
+
 def _bound(x: Any, style: str, args: tuple[Any, ...], rounding: str) -> str:
+    """``x`` formatted as a bound, and checked: the printed number is never on the wrong side of ``x``."""
     if style not in BOUND_STYLES:
         raise ProseError(f"{rounding}: the style must be one of {sorted(BOUND_STYLES)}, got {style!r}")
-    return BOUND_STYLES[style](x, *args, rounding=rounding)
+    text = BOUND_STYLES[style](x, *args, rounding=rounding)
+    value = _number(x)
+    if math.isfinite(value):
+        shown = printed_value(text)
+        if (shown > value) if rounding == "floor" else (shown < value):
+            raise ProseError(f"{rounding}: printed {text} for {value!r}, on the wrong side of it")
+    return text
 
 
 FILTERS = {"sci": sci, "num": num, "fixed": fixed, "pct": pct, "times": times, "pm": pm, "count": count,

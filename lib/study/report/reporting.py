@@ -210,15 +210,26 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, np.generic):
-        return value.item()
+        value = value.item()  # a numpy NaN is a NaN too
     if isinstance(value, float) and not np.isfinite(value):
         return str(value)
     return value
 
 
-def save_metrics(metrics: dict[str, Any], out_dir: str | Path) -> Path:
-    """Write ``metrics`` as ``out_dir/metrics.json`` (numpy scalars made plain). ``save_metrics({"acc": 0.9}, out)``"""
-    text = json.dumps(_plain(metrics), indent=2)
+def save_metrics(metrics: dict[str, Any], out_dir: str | Path, kinds: Mapping[str, str] | None = None) -> Path:
+    """Write ``metrics`` as ``out_dir/metrics.json`` (numpy scalars made plain). ``save_metrics({"acc": 0.9}, out)``
+
+    ``kinds`` declares what each value is (``study.report.kinds``: ``{"**/step_ms": "timing", "config": "constant"}``);
+    it is stored under ``"kinds"`` and says how a rerun is compared with this run. A bad declaration raises before
+    anything is written. JSON has no NaN or infinity: a number that is not finite is stored as the string ``"nan"``,
+    ``"inf"`` or ``"-inf"`` (``prose`` and ``reproduction`` read them back as numbers), and ``null`` means "no value"
+    (not measured, not applicable); the file is strict JSON that any parser reads.
+    """
+    from study.report.kinds import KEY, check
+
+    if kinds is not None:
+        metrics = {**metrics, KEY: check(kinds)}
+    text = json.dumps(_plain(metrics), indent=2, allow_nan=False)
     return atomic_write(Path(out_dir) / "metrics.json", lambda p: Path(p).write_text(text + "\n"))
 
 
@@ -230,11 +241,23 @@ def mean_std(table: pd.DataFrame, by: Sequence[str], values: Sequence[str]) -> p
     return out.reset_index()
 
 
-def format_mean_std(mean: float, std: float, digits: int = 3) -> str:
+def format_mean_std(mean: float, std: float, digits: int = 3, decimals: int | None = None) -> str:
     """``mean ± std`` for a table cell, in plain notation (``study.report.prose.pm``). ``format_mean_std(0.5, 0.01) == "0.5 ± 0.01"``"""
     from study.report.prose import pm
 
-    return pm(mean, std, digits)  # plain notation, '1.5e-5' below 1e-4; a single seed (NaN std): the mean alone
+    return pm(mean, std, digits, decimals)  # plain notation, '1.5e-5' below 1e-4; one seed (NaN std): the mean alone
+
+
+def common_decimals(means: Sequence[float], stds: Sequence[float], digits: int = 3) -> int | None:
+    """The decimals every ``mean ± std`` of a column is shown with: the finest any row needs (None: each its own).
+
+    >>> common_decimals([0.94467, 0.94467], [0.0061, 0.0101])
+    4
+    """
+    from study.report.prose import pm_decimals
+
+    found = [d for d in (pm_decimals(m, s, digits) for m, s in zip(means, stds)) if d is not None]
+    return max(found) if found else None
 
 
 def format_count(mean: float, std: float) -> str:
@@ -249,7 +272,8 @@ def display_table(summary: pd.DataFrame, values: Sequence[str] | Mapping[str, st
                   names: Mapping[str, str] | None = None) -> pd.DataFrame:
     """A readable table from a per-group summary with ``<value>_mean``/``_std`` (and ``_min``/``_max``) columns.
 
-    ``values`` are shown as 'mean ± std', in order: a list of columns, or a mapping column -> heading.
+    ``values`` are shown as 'mean ± std', in order: a list of columns, or a mapping column -> heading; every row of a
+    column at the same decimal places (``common_decimals``), so that equal means print equally.
     ``counts`` holds whole numbers: a list names columns of ``values`` shown as 'mean ± std' with thousands
     separators; a mapping column -> heading adds columns shown as their range over seeds, 'min–max' (one number
     when every seed agrees). ``names`` renames columns at the end.
@@ -260,8 +284,12 @@ def display_table(summary: pd.DataFrame, values: Sequence[str] | Mapping[str, st
     headings = dict(values) if isinstance(values, Mapping) else {v: v for v in values}
     whole = set() if isinstance(counts, Mapping) else set(counts or ())
     for value, heading in headings.items():
-        pairs = zip(summary[f"{value}_mean"], summary[f"{value}_std"])
-        out[heading] = [(format_count if value in whole else format_mean_std)(m, s) for m, s in pairs]
+        means, stds = list(summary[f"{value}_mean"]), list(summary[f"{value}_std"])
+        if value in whole:
+            out[heading] = [format_count(m, s) for m, s in zip(means, stds)]
+        else:  # one precision per column: equal means print equally
+            decimals = common_decimals(means, stds)
+            out[heading] = [format_mean_std(m, s, decimals=decimals) for m, s in zip(means, stds)]
     for value, heading in (counts.items() if isinstance(counts, Mapping) else ()):
         lo, hi = summary[f"{value}_min"], summary[f"{value}_max"]
         out[heading] = [f"{int(a):,}" if a == b else f"{int(a):,}–{int(b):,}" for a, b in zip(lo, hi)]  # en dash

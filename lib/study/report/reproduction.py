@@ -1,14 +1,20 @@
 """How close a rerun came to the committed results: its ``metrics.json`` against the one in git ``HEAD``.
 
 After a notebook is rerun, ``against_committed`` compares every value of the new ``metrics.json`` with the
-version committed at ``HEAD`` (``git show HEAD:results/<name>/metrics.json``), leaf by leaf:
+version committed at ``HEAD`` (``git show HEAD:results/<name>/metrics.json``), each the way its kind says: the
+study declares the kind of every value where it writes ``metrics`` (``study.report.kinds``; the rerun's
+declaration is used for both runs, so a run committed before a kind was declared is read the same way):
 
-* values that are not timings (see ``is_timing``) are **bit-identical** (equal after the JSON round trip, NaN
-  equal to NaN), **within** ``RTOL`` (``|a - b| <= RTOL * max(|a|, |b|)``, numbers only), or **differ** (the
-  largest relative differences are named); ``headline`` is left out, since it repeats other values as text;
-* timings are compared as ratios, rerun / committed (median and range), never as bits;
+* timings and ratios of timings are compared as ratios rerun / committed (median and range), never as bits; the
+  spread of a timing is not compared; a yes/no computed from timings that changed is counted with the timings;
+* unordered samples are compared as multisets, and where they differ, by their distribution;
+* messages are compared after their volatile parts (ports, addresses) are normalised;
+* everything else is **bit-identical** (equal after the JSON round trip, NaN equal to NaN), **within** ``RTOL``
+  (``|a - b| <= RTOL * max(|a|, |b|)``, measured numbers only; counts and constants are exact), or **differs**
+  (the largest relative differences are named); ``headline`` is left out, since it repeats other values as text;
 * the notebook finished, so every assertion cell passed; their number is counted from the executed notebook.
 
+``verdict`` says it in a few words: "identical", "timings differ", "3 values differ; timings differ".
 The pipeline stores the result in the notebook's manifest entry (``reproduction``) and ``write_report`` renders
 ``REPRODUCTION.md`` from the manifest. ``compare({"a": 1.0}, {"a": 1.0000001})["within"] == 1``
 """
@@ -21,54 +27,42 @@ import math
 import re
 import statistics
 import subprocess
+from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from study.report import kinds as kinds_
 from study.report.cache import machine_line
 from study.report.reporting import write_text
 
 RTOL = 1e-3
 """The stated relative tolerance: agreement to about three significant digits, the precision the prose quotes."""
 REPORT = "REPRODUCTION.md"
-LEFT_OUT = ("headline",)
-"""Top-level keys not compared: they restate other values as formatted text."""
+LEFT_OUT = ("headline", kinds_.KEY)
+"""Top-level keys not compared: they restate other values as formatted text, or declare the kinds."""
 LARGEST = 5
 """How many of the largest differences a comparison names."""
-TIMING = re.compile(r"time|duration|finished_at|_m?s(?![a-z0-9])", re.IGNORECASE)
-"""A key names a timing when it contains "time", "duration" or "finished_at", or the unit suffix "_s" or "_ms"
-(at the end of the key or before a non-alphanumeric character: "duration_s", "step_ms)"; not "_std" or "_steps")."""
-
-
-def is_timing(key: str) -> bool:
-    """``is_timing("step_time_ms")`` and ``is_timing("duration_s")`` are True; ``is_timing("acc_std")`` is False."""
-    return bool(TIMING.search(str(key)))
-
-
-def leaves(value: Any, path: str = "", timing: bool = False) -> dict[str, tuple[Any, bool]]:
-    """Every leaf of a JSON value: ``"a/b[2]"`` -> (value, whether a key on its path names a timing).
-
-    >>> leaves({"acc": [0.5, 0.75], "step_ms": 3.0})
-    {'acc[0]': (0.5, False), 'acc[1]': (0.75, False), 'step_ms': (3.0, True)}
-    """
-    if isinstance(value, dict):
-        found: dict[str, tuple[Any, bool]] = {}
-        for k, v in value.items():
-            found.update(leaves(v, f"{path}/{k}" if path else str(k), timing or is_timing(k)))
-        return found
-    if isinstance(value, list):
-        found = {}
-        for i, v in enumerate(value):
-            found.update(leaves(v, f"{path}[{i}]", timing))
-        return found
-    return {path: (value, timing)}
+EXACT = ("constant", "count", "message", "timing_verdict")
+"""Kinds that are equal or differ, never "within"."""
 
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+def _float(x: Any) -> float | None:
+    """A number, or a non-finite number stored as text ("nan", "inf"), as float; else None."""
+    if _is_number(x):
+        return float(x)
+    if isinstance(x, str) and x.strip().lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
+        return float(x)
+    return None
+
+
 def _identical(a: Any, b: Any) -> bool:
-    if _is_number(a) and _is_number(b) and math.isnan(a) and math.isnan(b):
+    fa, fb = _float(a), _float(b)
+    if fa is not None and fb is not None and math.isnan(fa) and math.isnan(fb):
         return True
     return type(a) is type(b) and a == b
 
@@ -81,47 +75,137 @@ def relative_difference(a: float, b: float) -> float:
     """
     if math.isnan(a) or math.isnan(b):
         return 0.0 if math.isnan(a) and math.isnan(b) else math.inf
+    if a == b:
+        return 0.0
     scale = max(abs(a), abs(b))
-    return 0.0 if scale == 0 else abs(a - b) / scale
+    return abs(a - b) / scale if math.isfinite(scale) else math.inf
 
 
-def compare(committed: dict[str, Any], rerun: dict[str, Any], rtol: float = RTOL) -> dict[str, Any]:
-    """Count identical, close and differing values of two ``metrics.json`` (see the module docstring).
+def _key(x: Any) -> str:
+    return json.dumps(x, sort_keys=True)
 
-    >>> c = compare({"a": 1.0, "b": 2.0, "c": "x", "t_ms": 10.0}, {"a": 1.0, "b": 2.001, "c": "y", "t_ms": 12.0})
-    >>> c["values"], c["identical"], c["within"], c["differ"], c["timings"]["median_ratio"]
-    (3, 1, 1, 1, 1.2)
+
+def distribution(sample: list[Any]) -> str:
+    """A sample in a few words: the count of each value when there are few distinct ones, else mean and range.
+
+    >>> distribution([1, 0, 1, 2]), distribution([0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5])
+    ('4 values: 0×1, 1×2, 2×1 (mean 1)', '7 values: mean 3.5, range 0.5–6.5')
     """
-    old = leaves({k: v for k, v in committed.items() if k not in LEFT_OUT})
-    new = leaves({k: v for k, v in rerun.items() if k not in LEFT_OUT})
-    identical = within = 0
+    numbers = [float(x) for x in sample if _is_number(x)]
+    counts = Counter(_key(x) for x in sample)
+    mean = f"mean {statistics.fmean(numbers):.6g}" if numbers and len(numbers) == len(sample) else ""
+    if len(counts) <= 6:
+        shown = ", ".join(f"{k}×{n}" for k, n in sorted(counts.items(), key=lambda kv: (_float(json.loads(kv[0]))
+                          if _float(json.loads(kv[0])) is not None else math.inf, kv[0])))
+        return f"{len(sample)} values: {shown}" + (f" ({mean})" if mean else "")
+    if mean:
+        return f"{len(sample)} values: {mean}, range {min(numbers):.6g}–{max(numbers):.6g}"
+    return f"{len(sample)} values, {len(counts)} distinct"
+
+
+def _same_sorted_within(a: list[Any], b: list[Any], rtol: float) -> bool:
+    if len(a) != len(b) or not all(_is_number(x) for x in a + b):
+        return False
+    return all(relative_difference(float(x), float(y)) <= rtol for x, y in zip(sorted(a), sorted(b)))
+
+
+def compare(committed: dict[str, Any], rerun: dict[str, Any], rtol: float = RTOL,
+            kinds: Mapping[str, str] | None = None, largest: int = LARGEST) -> dict[str, Any]:
+    """Compare two ``metrics.json`` value by value, each as its kind says (see the module docstring).
+
+    ``kinds`` defaults to the rerun's declaration (``metrics.json``'s ``"kinds"``), else the committed one's.
+
+    >>> k = {"t_ms": "timing", "t_std": "timing_spread", "s": "sample"}
+    >>> c = compare({"a": 1.0, "b": 2.0, "c": "x", "t_ms": 10.0, "t_std": 1.0, "s": [0, 1]},
+    ...             {"a": 1.0, "b": 2.001, "c": "y", "t_ms": 12.0, "t_std": 3.0, "s": [1, 0]}, kinds=k)
+    >>> c["values"], c["identical"], c["within"], c["differ"], c["timings"]["median_ratio"], verdict(c)
+    (4, 2, 1, 1, 1.2, '1 value differs; 1 within 0.001; timings differ')
+    """
+    declared = kinds_.check(kinds if kinds is not None
+                            else rerun.get(kinds_.KEY) or committed.get(kinds_.KEY) or {})
+    old = kinds_.kind_of_leaves({k: v for k, v in committed.items() if k not in LEFT_OUT}, declared)
+    new = kinds_.kind_of_leaves({k: v for k, v in rerun.items() if k not in LEFT_OUT}, declared)
+    identical = within = normalised = samples = verdicts = verdicts_changed = 0
+    left_out: Counter[str] = Counter()
     differing: list[tuple[float, str, Any, Any]] = []
     ratios: list[float] = []
     for path in sorted(set(old) & set(new)):
-        (a, timing), (b, _) = old[path], new[path]
-        if timing:
-            if _is_number(a) and _is_number(b) and a > 0 and b >= 0 and math.isfinite(a) and math.isfinite(b):
-                ratios.append(b / a)
+        (a, _), (b, kind) = old[path], new[path]
+        if kind in ("timing_spread", "text"):
+            left_out[kind] += 1
             continue
+        if kind in kinds_.TIMINGS:
+            fa, fb = _float(a), _float(b)
+            if fa is not None and fb is not None and fa > 0 and fb >= 0 and math.isfinite(fa) and math.isfinite(fb):
+                ratios.append(fb / fa)
+            else:
+                left_out["timing without a ratio"] += 1
+            continue
+        if kind == "timing_verdict":
+            verdicts += 1
+            verdicts_changed += not _identical(a, b)
+            continue
+        if kind == "sample" and isinstance(a, list) and isinstance(b, list):
+            samples += 1
+            if Counter(map(_key, a)) == Counter(map(_key, b)):
+                identical += 1
+            elif _same_sorted_within(a, b, rtol):
+                within += 1
+            else:
+                differing.append((math.inf, path, distribution(a), distribution(b)))
+            continue
+        if kind == "message" and isinstance(a, str) and isinstance(b, str) and not _identical(a, b):
+            if kinds_.normalise_message(a) == kinds_.normalise_message(b):
+                identical += 1
+                normalised += 1
+                continue
         if _identical(a, b):
             identical += 1
-        elif _is_number(a) and _is_number(b) and relative_difference(a, b) <= rtol:
+            continue
+        fa, fb = _float(a), _float(b)
+        rel = relative_difference(fa, fb) if fa is not None and fb is not None else math.inf
+        if kind not in EXACT and rel <= rtol:
             within += 1
         else:
-            rel = relative_difference(a, b) if _is_number(a) and _is_number(b) else math.inf
             differing.append((rel, path, a, b))
     differing.sort(key=lambda d: (-d[0], d[1]))
-    only_old = sorted(p for p in set(old) - set(new) if not old[p][1])
-    only_new = sorted(p for p in set(new) - set(old) if not new[p][1])
+    compared = {p for p, (_, k) in new.items() if k not in ("timing_spread", "text", *kinds_.TIMINGS)}
+    only_old = sorted(p for p in set(old) - set(new) if old[p][1] not in ("timing_spread", "text", *kinds_.TIMINGS))
+    only_new = sorted(p for p in set(new) - set(old) if p in compared)
+    kinds_seen = Counter(k for _, k in new.values())
     return {
         "rtol": rtol, "values": identical + within + len(differing), "identical": identical, "within": within,
-        "differ": len(differing),
+        "differ": len(differing), "normalised_messages": normalised, "samples": samples,
         "largest": [{"value": p, "committed": a, "rerun": b, "relative": None if math.isinf(r) else r}
-                    for r, p, a, b in differing[:LARGEST]],
+                    for r, p, a, b in differing[:largest]],
         "only_committed": len(only_old), "only_rerun": len(only_new),
         "timings": ({"values": len(ratios), "median_ratio": statistics.median(ratios), "min_ratio": min(ratios),
                      "max_ratio": max(ratios)} if ratios else {"values": 0}),
+        "timing_verdicts": {"values": verdicts, "changed": verdicts_changed},
+        "left_out": dict(sorted(left_out.items())),
+        "kinds": dict(sorted(kinds_seen.items())),
+        "kinds_declared": bool(declared),
     }
+
+
+def verdict(rep: Mapping[str, Any]) -> str:
+    """A comparison in a few words: "identical", "timings differ", "2 values differ; 1 within 0.001", ...
+
+    Timings differ when any timing's ratio rerun / committed is not exactly 1, or a yes/no computed from timings
+    changed.
+    """
+    parts = []
+    if rep.get("differ"):
+        parts.append(f"{rep['differ']} value{' differs' if rep['differ'] == 1 else 's differ'}")
+    if rep.get("within"):
+        parts.append(f"{rep['within']} within {rep.get('rtol', RTOL):g}")
+    if rep.get("only_committed") or rep.get("only_rerun"):
+        parts.append(f"{rep.get('only_committed', 0)} only committed, {rep.get('only_rerun', 0)} only rerun")
+    t = rep.get("timings") or {}
+    changed = (rep.get("timing_verdicts") or {}).get("changed", 0)
+    if (t.get("values") and (t["min_ratio"] != 1 or t["max_ratio"] != 1)) or changed:
+        parts.append("timings differ")
+    return "; ".join(parts) or "identical"
 
 
 def committed_metrics(out: Path, name: str, profile: str | None = None) -> tuple[dict[str, Any] | None, str]:
@@ -190,8 +274,8 @@ def against_committed(out: Path, name: str, run_folder: Path, profile: str | Non
 def _num(x: Any) -> str:
     if _is_number(x):
         return f"{x:.6g}"
-    text = json.dumps(x)
-    return text if len(text) <= 40 else text[:37] + "..."
+    text = x if isinstance(x, str) and x[:1].isdigit() else json.dumps(x)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def one_line(rep: dict[str, Any] | None) -> str:
@@ -199,9 +283,17 @@ def one_line(rep: dict[str, Any] | None) -> str:
     if not rep or rep.get("compared_with") is None:
         return (rep or {}).get("note", "not compared")
     t = rep.get("timings", {})
-    timing = (f"; timings x{t['median_ratio']:.2f} (median of {t['values']})" if t.get("values") else "")
-    return (f"against {rep['compared_with']}: {rep['identical']} of {rep['values']} values bit-identical, "
-            f"{rep['within']} within {rep['rtol']:g}, {rep['differ']} differ{timing}")
+    timing = (f"; timings x{t['median_ratio']:.2f} (median of {t['values']}, range {t['min_ratio']:.2f}–"
+              f"{t['max_ratio']:.2f})" if t.get("values") else "")
+    return (f"against {rep['compared_with']}: {verdict(rep)} ({rep['identical']} of {rep['values']} values "
+            f"bit-identical, {rep['within']} within {rep['rtol']:g}, {rep['differ']} differ{timing})")
+
+
+def load_line(load: Mapping[str, Any] | None) -> str:
+    """How busy the machine was while a run was timed, in one line (``study.report.load``)."""
+    from study.report.load import describe
+
+    return describe(load)
 
 
 def write_report(out: Path) -> Path | None:
@@ -214,14 +306,20 @@ def write_report(out: Path) -> Path | None:
         return None  # no rerun has been compared yet
     lines = ["# How close the last reruns came to the committed results", "",
              "Generated by `python -m study.report` each time it reruns a notebook; do not edit. For each study: its "
-             "last rerun's `metrics.json` against the one committed in git `HEAD` when it ran. Every value is "
-             "compared except timings, which are compared as ratios (rerun / committed), and `headline`, which "
-             f"restates other values as text. *Within* means a relative difference of at most {RTOL:g} "
-             f"(`|a − b| ≤ {RTOL:g} · max(|a|, |b|)`) that is not bit-identical. A notebook that finished passed "
-             "every assertion cell. Where the machine differs from the committed run's, expect the findings to "
-             "hold rather than every bit (see the README, \"Reruns, the cache and other machines\").", "",
-             "| study | rerun at | machine | compared with | values | bit-identical | within | differ "
-             "| assertion cells | timings, rerun / committed |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "last rerun's `metrics.json` against the one committed in git `HEAD` when it ran. Each value is "
+             "compared as the kind its study declares (`study.report.kinds`): timings and ratios of timings as "
+             "ratios rerun / committed (median and range over them), never as bits; the spread of a timing not at "
+             "all; unordered samples (such as a list of staleness values) as multisets, and by their distribution "
+             "where they differ; messages after their ports and addresses are normalised; `headline` not at all, "
+             "since it restates other values as text. Everything else is bit-identical, *within* a relative "
+             f"difference of {RTOL:g} (`|a − b| ≤ {RTOL:g} · max(|a|, |b|)`, measured numbers only; counts and "
+             "constants are exact), or differs. A notebook that finished passed every assertion cell. Where the "
+             "machine differs from the committed run's, expect the findings to hold rather than every bit (see the "
+             "README, \"Reruns, the cache and other machines\"). The load column says how busy the machine was "
+             "while the rerun was timed: timings from a busy machine say little about the code.", "",
+             "| study | rerun at | machine | compared with | verdict | values | bit-identical | within | differ "
+             "| assertion cells | timings, rerun / committed | load while it ran |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     details = []
     for name, entry in manifest.items():
         entry = entry if isinstance(entry, dict) else {}
@@ -229,20 +327,26 @@ def write_report(out: Path) -> Path | None:
         local = " + local changes" if entry.get("dirty") else ""
         when = f"{str(entry.get('commit', '?'))[:10]}{local}, {entry.get('finished_at', '?')}"
         host = machine_line(entry.get("machine"))
+        load = load_line(entry.get("load"))
         if not rep:
-            lines.append(f"| {name} | {when} | {host} | not recorded | | | | | | |")
+            lines.append(f"| {name} | {when} | {host} | not recorded | | | | | | | | {load} |")
             continue
         passed = f"{rep.get('assertion_cells', 0)}, all passed" if rep.get("assertions_passed") else "failed"
         if rep.get("compared_with") is None:
-            lines.append(f"| {name} | {when} | {host} | {rep.get('note', 'nothing')} | | | | | {passed} | |")
+            lines.append(f"| {name} | {when} | {host} | {rep.get('note', 'nothing')} | | | | | | {passed} | | {load} |")
             continue
         t = rep.get("timings", {})
         timing = (f"median {t['median_ratio']:.2f} (range {t['min_ratio']:.2f}–{t['max_ratio']:.2f}, "
                   f"{t['values']} timings)" if t.get("values") else "none")
-        lines.append(f"| {name} | {when} | {host} | `{rep['compared_with']}` | {rep['values']} | {rep['identical']} | "
-                     f"{rep['within']} | {rep['differ']} | {passed} | {timing} |")
+        v = rep.get("timing_verdicts") or {}
+        if v.get("changed"):
+            timing += f"; {v['changed']} of {v['values']} conclusions drawn from timings changed"
+        lines.append(f"| {name} | {when} | {host} | `{rep['compared_with']}` | {verdict(rep)} | {rep['values']} | "
+                     f"{rep['identical']} | {rep['within']} | {rep['differ']} | {passed} | {timing} | {load} |")
         extra = [f"{rep['only_committed']} value(s) only in the committed run"] if rep.get("only_committed") else []
         extra += [f"{rep['only_rerun']} value(s) only in the rerun"] if rep.get("only_rerun") else []
+        if rep.get("normalised_messages"):
+            extra.append(f"{rep['normalised_messages']} message(s) equal once ports and addresses are normalised")
         if rep.get("largest") or extra:
             details += [f"**{name}**: the largest differences, committed → rerun (relative difference):", ""]
             details += [f"- `{d['value']}`: {_num(d['committed'])} → {_num(d['rerun'])}"

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import quote
 
 from study.report.cache import machine_line
+from study.report.load import describe as describe_load
 from study.report.reporting import NOT_DESCRIBED, figure_captions, read_json, table_columns, write_text
 
 INDEX = "index.html"
@@ -118,6 +119,7 @@ def _study_section(out: Path, name: str, entry: dict[str, Any]) -> str:
         meta.append(f"commit {_e(commit[:10])}{' + local changes' if entry.get('dirty') else ''}")
         if entry.get("data_source"):
             meta.append(f"data: {_e(entry['data_source'])}")
+        meta.append(f"machine while it ran: {_e(describe_load(entry.get('load')))}")
     parts.append(f'<p class="meta">{" · ".join(meta)}</p>')
 
     links = []
@@ -218,7 +220,7 @@ def write_summary(out: Path) -> Path:
                   f"TensorFlow {packages.get('tensorflow-cpu', packages.get('tensorflow', '?'))}, "
                   f"Keras {packages.get('keras', '?')}; commit {entry['commit'][:10]}"
                   f"{' + local changes' if entry.get('dirty') else ''}; {machine_line(entry.get('machine'))}"
-                  "). "
+                  f"; machine while it ran: {describe_load(entry.get('load'))}). "
                   f"Report: [{name}.html]({name}/{name}.html); on [index.html](index.html#{name}).", "",
                   "| measurement | value |", "|---|---|"]
         lines += [f"| {k.replace('|', '&#124;')} | {str(v).replace('|', '&#124;')} |" for k, v in headline.items()]
