@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from freezing import _masks
-from freezing._keras_api import index, key, tf_variable, trainable_variables
+from freezing._keras_api import in_xla, index, key, tf_variable, trainable_variables
 from freezing.selection import variable_path
 
 class _Entry:
@@ -202,8 +202,8 @@ class SparseState:
     def gather(self, grads: list[Any], variables: list[Any]) -> tuple[list[Any], list[Any]]:
         """Swap each sparse variable for its scratch values (refilled from the variable) and gathered gradient.
 
-        An ``IndexedSlices`` gradient (an ``Embedding``'s) is gathered from its touched rows alone: nothing the
-        size of the variable is made. With ``use_ema`` every sparse variable's scratch is refilled and written
+        An ``IndexedSlices`` gradient (an ``Embedding``'s) stays an ``IndexedSlices``, over the selected entries
+        of its touched rows: nothing the size of the variable is made (see ``_select_slices``). With ``use_ema`` every sparse variable's scratch is refilled and written
         back, not only those in this step: Keras averages (and may overwrite) every variable it was built with.
         """
         self._pending_scatter = []
@@ -221,8 +221,8 @@ class SparseState:
                 continue
             called.add(k)
             self._refill(entry)
-            if isinstance(g, tf.IndexedSlices):
-                g = _gather_slices(g, tf.convert_to_tensor(entry.index), tuple(v.shape))
+            if isinstance(g, tf.IndexedSlices) and not in_xla():  # XLA needs static shapes: the dense gather below
+                g = _select_slices(g, tf.convert_to_tensor(entry.index), tuple(v.shape))
             elif g is not None:
                 g = tf.gather(tf.reshape(tf.convert_to_tensor(g), [-1]), tf.convert_to_tensor(entry.index))
             out_g.append(g)
@@ -237,6 +237,9 @@ class SparseState:
 
     def _refill(self, entry: _Entry) -> None:
         """The scratch values <- the variable's selected entries (read from the variable alone, not all of it)."""
+        if in_xla():  # XLA has no kernel for a gather from a variable: read it whole (XLA fuses the two)
+            entry.values.assign(tf.gather(tf.reshape(tf.convert_to_tensor(entry.variable), [-1]), entry.index))
+            return
         where = _unravel(tf.convert_to_tensor(entry.index), tuple(entry.variable.shape))
         entry.values.assign(tf.gather_nd(tf_variable(entry.variable), where))
 
@@ -305,24 +308,21 @@ def _unravel(flat: tf.Tensor, shape: tuple[int, ...]) -> tf.Tensor:
     return tf.stack([(flat // stride) % dim for stride, dim in zip(strides, shape)], axis=1)
 
 
-def _gather_slices(g: tf.IndexedSlices, flat: tf.Tensor, shape: tuple[int, ...]) -> tf.Tensor:
-    """The dense gradient's entries at flat positions ``flat``, from an ``IndexedSlices`` over ``shape``'s rows.
 
-    Only the touched rows are summed (duplicates in input order, as ``tf.convert_to_tensor`` sums them, so
-    the bits are the densified gradient's); each selected entry then finds its row by binary search among
-    them, and is 0 where its row was not touched. Cost: the slices plus ``K log(rows touched)``, not N.
+def _select_slices(g: tf.IndexedSlices, flat: tf.Tensor, shape: tuple[int, ...]) -> tf.IndexedSlices:
+    """An ``IndexedSlices`` over ``shape``'s rows -> an ``IndexedSlices`` over the K selected entries (``flat``).
+
+    Each slice gives one value per selected entry in its row (found by binary search: ``flat`` is sorted, as
+    ``build`` stores it), in the slices' order, duplicates kept: the inner optimizer sees at the selected
+    entries exactly the sparse gradient dense state hands it, and nothing the size of the variable is made.
+    Cost: ``log K`` per slice plus the selected entries in the touched rows.
     """
     row = int(np.prod(shape[1:]))
-    values = tf.reshape(g.values, [-1, row])
-    rows, segment = tf.unique(g.indices)
-    summed = tf.math.unsorted_segment_sum(values, segment, tf.size(rows))
-    order = tf.argsort(rows)
-    sentinel = tf.constant([np.iinfo(rows.dtype.as_numpy_dtype).max], rows.dtype)
-    sorted_rows = tf.concat([tf.gather(rows, order), sentinel], 0)  # never matched: a row past the last
-    summed = tf.concat([summed, tf.zeros([1, row], summed.dtype)], 0)
-    order = tf.concat([tf.cast(order, tf.int32), tf.expand_dims(tf.size(rows), 0)], 0)
-    wanted = tf.cast(flat // row, rows.dtype)
-    at = tf.searchsorted(sorted_rows, wanted, out_type=tf.int32)
-    hit = tf.gather(sorted_rows, at) == wanted
-    found = tf.gather_nd(summed, tf.stack([tf.gather(order, at), flat % row], axis=1))
-    return tf.where(hit, found, tf.zeros_like(found))
+    flat = tf.cast(flat, tf.int32)
+    rows = flat // row
+    touched = tf.cast(g.indices, tf.int32)
+    at = tf.ragged.range(tf.searchsorted(rows, touched, side="left"), tf.searchsorted(rows, touched, side="right"))
+    positions = at.flat_values
+    columns = tf.gather(flat, positions) % row
+    values = tf.gather_nd(tf.reshape(g.values, [-1, row]), tf.stack([tf.cast(at.value_rowids(), tf.int32), columns], 1))
+    return tf.IndexedSlices(values, positions, dense_shape=tf.constant([int(flat.shape[0])], tf.int32))
