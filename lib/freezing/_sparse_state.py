@@ -22,6 +22,19 @@ scalar loops round differently (the gather moves entries between them: a few ulp
 
 A selection that is wholly frozen keeps no state at all; a wholly trainable one is a dense variable.
 The selection is fixed: after ``build`` only the same mask is accepted (``set_mask`` raises).
+
+**The base options** end where dense state ends, bit for bit (``tests/library/test_masked_optimizer_sparse_options.py``):
+weight decay, ``clipvalue``, ``clipnorm`` and ``global_clipnorm`` (the frozen entries' gradients are zero
+for the norm in dense state and absent here), gradient accumulation (K-entry accumulators), and ``use_ema``
+with K-entry averages: ``fit``'s final overwrite (``finalize_variable_values``) writes them into the selection,
+and ``keras.callbacks.SwapEMAWeights`` sees full-size averages (``ema_view``). Refused when built, because the
+result would differ: ``norms="all"`` with ``clipnorm``/``global_clipnorm``, and ``use_ema`` on an optimizer
+inside a ``LossScaleOptimizer`` or ``MultiOptimizer`` (see ``check_options``).
+
+**Sparse gradients.** An ``IndexedSlices`` gradient (an ``Embedding``'s) reaches the inner optimizer as an
+``IndexedSlices`` over the K entries: per slice, the selected entries of its row, duplicates kept. Nothing the
+size of the variable is made, and the inner optimizer computes what it computes in dense state (Keras' Adam
+squares each slice before summing duplicates). Under XLA (static shapes) the gradient is densified first.
 """
 
 from __future__ import annotations
