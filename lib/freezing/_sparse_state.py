@@ -216,8 +216,9 @@ class SparseState:
         """Swap each sparse variable for its scratch values (refilled from the variable) and gathered gradient.
 
         An ``IndexedSlices`` gradient (an ``Embedding``'s) stays an ``IndexedSlices``, over the selected entries
-        of its touched rows: nothing the size of the variable is made (see ``_select_slices``). With ``use_ema`` every sparse variable's scratch is refilled and written
-        back, not only those in this step: Keras averages (and may overwrite) every variable it was built with.
+        of its touched rows: nothing the size of the variable is made (see ``_select_slices``). With ``use_ema``
+        every sparse variable's scratch is refilled and written back, not only those in this step: Keras
+        averages (and may overwrite) every variable it was built with.
         """
         self._pending_scatter = []
         if not (self.entries or self.frozen):
