@@ -201,3 +201,16 @@ def test_without_duplicate_ids_the_sparse_gradient_equals_the_densified_one():
     finally:
         IDS = saved
     assert sparse.tobytes() == densified.tobytes()
+
+
+@pytest.mark.slow
+def test_swap_ema_weights_under_mixed_precision_ends_where_dense_state_ends():
+    """``compile`` wraps the MaskedOptimizer in a LossScaleOptimizer; SwapEMAWeights reaches it through that."""
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        dense, sparse = _fit("dense", {"use_ema": True}, (_swap,)), _fit("sparse", {"use_ema": True}, (_swap,))
+    finally:
+        keras.config.set_dtype_policy("float32")
+    assert isinstance(sparse.optimizer, keras.optimizers.LossScaleOptimizer)
+    for a, b in zip(dense.weights, sparse.weights):
+        assert a.numpy().tobytes() == b.numpy().tobytes(), a.path
