@@ -34,7 +34,9 @@ inside a ``LossScaleOptimizer`` or ``MultiOptimizer`` (see ``check_options``).
 **Sparse gradients.** An ``IndexedSlices`` gradient (an ``Embedding``'s) reaches the inner optimizer as an
 ``IndexedSlices`` over the K entries: per slice, the selected entries of its row, duplicates kept. Nothing the
 size of the variable is made, and the inner optimizer computes what it computes in dense state (Keras' Adam
-squares each slice before summing duplicates). Under XLA (static shapes) the gradient is densified first.
+squares each slice before summing duplicates). Under XLA, which needs static shapes, each entry of each slice
+is a candidate and those outside the selection point at index -1, which XLA's scatters drop: the slices' own
+size, still nothing the size of the variable.
 """
 
 from __future__ import annotations
@@ -235,8 +237,9 @@ class SparseState:
                 continue
             called.add(k)
             self._refill(entry)
-            if isinstance(g, tf.IndexedSlices) and not in_xla():  # XLA needs static shapes: the dense gather below
-                g = _select_slices(g, tf.convert_to_tensor(entry.index), tuple(v.shape))
+            if isinstance(g, tf.IndexedSlices):
+                select = _select_slices_static if in_xla() else _select_slices
+                g = select(g, tf.convert_to_tensor(entry.index), tuple(v.shape))
             elif g is not None:
                 g = tf.gather(tf.reshape(tf.convert_to_tensor(g), [-1]), tf.convert_to_tensor(entry.index))
             out_g.append(g)
@@ -340,3 +343,14 @@ def _select_slices(g: tf.IndexedSlices, flat: tf.Tensor, shape: tuple[int, ...])
     columns = tf.gather(flat, positions) % row
     values = tf.gather_nd(tf.reshape(g.values, [-1, row]), tf.stack([tf.cast(at.value_rowids(), tf.int32), columns], 1))
     return tf.IndexedSlices(values, positions, dense_shape=tf.constant([int(flat.shape[0])], tf.int32))
+
+
+def _select_slices_static(g: tf.IndexedSlices, flat: tf.Tensor, shape: tuple[int, ...]) -> tf.IndexedSlices:
+    """``_select_slices`` with static shapes, for XLA: one candidate per entry of each slice (the slices' own size),
+    an entry outside the selection pointing at index -1, which XLA's scatters and segment sums drop."""
+    row = int(np.prod(shape[1:]))
+    flat = tf.cast(flat, tf.int32)
+    candidates = tf.reshape(tf.cast(g.indices, tf.int32)[:, None] * row + tf.range(row, dtype=tf.int32)[None, :], [-1])
+    at = tf.minimum(tf.searchsorted(flat, candidates, out_type=tf.int32), int(flat.shape[0]) - 1)
+    positions = tf.where(tf.gather(flat, at) == candidates, at, -1)
+    return tf.IndexedSlices(tf.reshape(g.values, [-1]), positions, dense_shape=tf.constant([int(flat.shape[0])], tf.int32))

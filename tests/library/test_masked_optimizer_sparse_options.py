@@ -127,7 +127,7 @@ IDS = RNG.integers(0, V, (6, 5)).astype("int32")
 IDS[0, :3] = 47  # the same row three times in one batch
 
 
-def _embedding_run(state, densify=False, inner=lambda: keras.optimizers.Adam(0.05), steps=4):
+def _embedding_run(state, densify=False, inner=lambda: keras.optimizers.Adam(0.05), steps=4, jit=False):
     """Four steps of a traced custom loop; the embedding's values before and after, the step's graph and what
     the inner optimizer's update_step received."""
     keras.utils.set_random_seed(0)
@@ -146,7 +146,7 @@ def _embedding_run(state, densify=False, inner=lambda: keras.optimizers.Adam(0.0
 
     object.__setattr__(opt.inner, "update_step", spy)
 
-    @tf.function
+    @tf.function(jit_compile=jit)
     def step(ids):
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(model(ids) ** 2)
@@ -176,15 +176,23 @@ def test_an_embedding_gradient_stays_sparse_under_sparse_state():
     assert "UnsortedSegmentSum" in _full_size_tensors(densified)  # the check sees a densified gradient
 
 
-@pytest.mark.parametrize("name", ["adam", pytest.param("sgd_momentum", marks=pytest.mark.slow),
-                                  pytest.param("rmsprop", marks=pytest.mark.slow)])
-def test_an_embedding_sparse_gradient_gives_the_dense_state_bits(name):
+EMBEDDING_OPTIMIZERS = {
+    "adam": lambda: keras.optimizers.Adam(0.05), "sgd_momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+    "rmsprop": lambda: keras.optimizers.RMSprop(0.01), "adagrad": lambda: keras.optimizers.Adagrad(0.1),
+    "adamw": lambda: keras.optimizers.AdamW(0.05, weight_decay=0.1), "ftrl": lambda: keras.optimizers.Ftrl(0.1),
+    "nadam": lambda: keras.optimizers.Nadam(0.05), "lion": lambda: keras.optimizers.Lion(0.01),
+}
+
+
+@pytest.mark.parametrize("jit", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["graph", "xla"])
+@pytest.mark.parametrize("name", [n if n == "adam" else pytest.param(n, marks=pytest.mark.slow) for n in EMBEDDING_OPTIMIZERS])
+def test_an_embedding_sparse_gradient_gives_the_dense_state_bits(name, jit):
     """Duplicate ids included: the inner optimizer gets, at each selected entry, the slices dense state gets
-    (Keras' Adam squares each slice before summing duplicates, so a densified gradient would differ)."""
-    inner = {"adam": lambda: keras.optimizers.Adam(0.05), "rmsprop": lambda: keras.optimizers.RMSprop(0.01),
-             "sgd_momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9)}[name]
-    initial, sparse, _, _ = _embedding_run("sparse", inner=inner)
-    _, dense, _, _ = _embedding_run("dense", inner=inner)
+    (Keras' Adam squares each slice before summing duplicates, so a densified gradient would differ). Under XLA
+    the comparison is with dense state under XLA."""
+    inner = EMBEDDING_OPTIMIZERS[name]
+    initial, sparse, _, _ = _embedding_run("sparse", inner=inner, jit=jit)
+    _, dense, _, _ = _embedding_run("dense", inner=inner, jit=jit)
     assert sparse.tobytes() == dense.tobytes()
     assert sparse[~EMB_KEEP].tobytes() == initial[~EMB_KEEP].tobytes()
     assert (sparse[EMB_KEEP] != initial[EMB_KEEP]).any()
