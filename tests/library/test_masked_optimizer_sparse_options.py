@@ -146,7 +146,7 @@ def _embedding_run(state, densify=False, inner=lambda: keras.optimizers.Adam(0.0
 
     object.__setattr__(opt.inner, "update_step", spy)
 
-    @tf.function(jit_compile=jit)
+    @tf.function(jit_compile=jit, autograph=False)  # autograph would transpile the library on first use (seconds)
     def step(ids):
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(model(ids) ** 2)
@@ -198,7 +198,6 @@ def test_an_embedding_sparse_gradient_gives_the_dense_state_bits(name, jit):
     assert (sparse[EMB_KEEP] != initial[EMB_KEEP]).any()
 
 
-@pytest.mark.slow  # two traced runs: over 4 s here
 def test_without_duplicate_ids_the_sparse_gradient_equals_the_densified_one():
     """With each id once per batch there is nothing to sum: the sparse and the densified gradient agree bit for bit."""
     global IDS
