@@ -27,6 +27,7 @@ import bench_cnn_loop  # noqa: E402
 import bench_masked_fit  # noqa: E402
 import bench_masked_step  # noqa: E402
 import bench_ps  # noqa: E402
+import bench_sparse_embedding  # noqa: E402
 
 def _mirrored() -> dict:
     """bench_masked_mirrored in a child process (its logical devices must precede TensorFlow's start)."""
@@ -45,6 +46,7 @@ BENCHMARKS = {
     "masked_step_xla": lambda: bench_masked_step.main(["--jit", "--rounds", "5", "--steps", "6"]),
     "masked_mirrored": _mirrored,
     "cnn_loop": lambda: bench_cnn_loop.main(["--rounds", "5", "--steps", "20"]),
+    "sparse_embedding": lambda: bench_sparse_embedding.main(["--rounds", "7", "--steps", "20"]),
     "parameter_server": lambda: bench_ps.main([]),
     "parameter_server_sparse": lambda: bench_ps.main(["--sparse", "--repeats", "3", "--functions-per-worker", "24"]),
 }
@@ -78,6 +80,11 @@ def _summary(results: dict) -> list[str]:
         for key, what in (("ratio_hold_over_plain", "wall"), ("cpu_ratio_hold_over_plain", "CPU")):
             rounds = r[key.replace("hold_over_plain", "rounds")]
             ratio(f"MirroredStrategy fit: masked / plain ({what})", r[key], (min(rounds), max(rounds)), r["target"])
+    r = results.get("sparse_embedding", {})
+    if "ratio_sparse_over_densified" in r:
+        for key, what in (("", "wall"), ("cpu_", "CPU")):
+            ratio(f"sparse state, embedding: sparse gradient / densified ({what})", r[f"{key}ratio_sparse_over_densified"],
+                  tuple(r[f"{key}ratio_sparse_over_densified_rounds_min_max"]), None)
     m = results.get("masked_fit", {}).get("memory") or {}
     if "hold_mask_bytes_per_masked_entry" in m:
         lines.append(f"  memory, hold: {m['hold_mask_bytes_per_masked_entry']:.3f} B per masked entry + "

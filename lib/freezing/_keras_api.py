@@ -189,6 +189,11 @@ def ema_averages(optimizer: Any) -> list[Any]:
     return list(getattr(optimizer, "_model_variables_moving_average", None) or []) if optimizer.use_ema else []
 
 
+def moving_averages(optimizer: Any) -> list[Any]:
+    """The optimizer's own list of EMA averages, as Keras' ``SwapEMAWeights`` reads it (AttributeError without EMA)."""
+    return optimizer._model_variables_moving_average
+
+
 def initial_accumulator(optimizer: Any, slot_name: str) -> float:
     """The value an accumulator slot starts from: Keras' ``initial_accumulator_value`` (Adagrad, Ftrl), or
     ``tf.compat.v1``'s private ``_initial_accumulator_value`` / ``_initial_gradient_squared_accumulator_value``."""

@@ -22,6 +22,21 @@ scalar loops round differently (the gather moves entries between them: a few ulp
 
 A selection that is wholly frozen keeps no state at all; a wholly trainable one is a dense variable.
 The selection is fixed: after ``build`` only the same mask is accepted (``set_mask`` raises).
+
+**The base options** end where dense state ends, bit for bit (``tests/library/test_masked_optimizer_sparse_options.py``):
+weight decay, ``clipvalue``, ``clipnorm`` and ``global_clipnorm`` (the frozen entries' gradients are zero
+for the norm in dense state and absent here), gradient accumulation (K-entry accumulators), and ``use_ema``
+with K-entry averages: ``fit``'s final overwrite (``finalize_variable_values``) writes them into the selection,
+and ``keras.callbacks.SwapEMAWeights`` sees full-size averages (``ema_view``). Refused when built, because the
+result would differ: ``norms="all"`` with ``clipnorm``/``global_clipnorm``, and ``use_ema`` on an optimizer
+inside a ``LossScaleOptimizer`` or ``MultiOptimizer`` (see ``check_options``).
+
+**Sparse gradients.** An ``IndexedSlices`` gradient (an ``Embedding``'s) reaches the inner optimizer as an
+``IndexedSlices`` over the K entries: per slice, the selected entries of its row, duplicates kept. Nothing the
+size of the variable is made, and the inner optimizer computes what it computes in dense state (Keras' Adam
+squares each slice before summing duplicates). Under XLA, which needs static shapes, each entry of each slice
+is a candidate and those outside the selection point at index -1, which XLA's scatters drop: the slices' own
+size, still nothing the size of the variable.
 """
 
 from __future__ import annotations
@@ -33,7 +48,7 @@ import numpy as np
 import tensorflow as tf
 
 from freezing import _masks
-from freezing._keras_api import key, tf_variable, trainable_variables
+from freezing._keras_api import in_xla, index, key, tf_variable, trainable_variables
 from freezing.selection import variable_path
 
 class _Entry:
@@ -56,6 +71,28 @@ class SparseState:
     @property
     def on(self) -> bool:
         return self.wrapper.state == "sparse"
+
+    def check_options(self) -> None:
+        """Refuse, with one message, a base option whose result under sparse state would differ from dense state.
+
+        * ``norms="all"`` with ``clipnorm``/``global_clipnorm``: the norm is to see frozen entries' gradients,
+          which sparse state never gathers.
+        * ``use_ema`` on an optimizer inside a ``LossScaleOptimizer`` or ``MultiOptimizer``: ``SwapEMAWeights``
+          looks past the wrapper there, at the K-entry scratch variables, and would swap nothing in the model.
+        """
+        if not self.on:
+            return
+        wrapper = self.wrapper
+        leaves = wrapper._leaves()
+        if wrapper.norms == "all" and any(leaf.clipnorm or leaf.global_clipnorm for leaf in leaves):
+            raise ValueError("MaskedOptimizer: state='sparse' with norms='all' cannot clip by norm: the norm would "
+                             "have to see frozen entries' gradients, which sparse state never gathers; use "
+                             "norms='trainable' (the default) or state='dense'")
+        if any(leaf.use_ema for leaf in leaves) and any(leaf is not wrapper.inner for leaf in leaves):
+            raise ValueError("MaskedOptimizer: state='sparse' with use_ema=True needs the EMA optimizer directly inside "
+                             "it: keras.callbacks.SwapEMAWeights looks past a LossScaleOptimizer or MultiOptimizer at "
+                             "the sparse scratch values. Wrap the plain optimizer (for mixed precision, a dtype "
+                             "policy makes compile wrap the MaskedOptimizer itself) or use state='dense'")
 
     # -- build ------------------------------------------------------------------------------------
     def build(self, var_list: list[Any], pending: dict[str, np.ndarray]) -> list[Any]:
@@ -178,11 +215,17 @@ class SparseState:
 
     # -- the step -----------------------------------------------------------------------------------
     def gather(self, grads: list[Any], variables: list[Any]) -> tuple[list[Any], list[Any]]:
-        """Swap each sparse variable for its scratch values (refilled from the variable) and gathered gradient."""
+        """Swap each sparse variable for its scratch values (refilled from the variable) and gathered gradient.
+
+        An ``IndexedSlices`` gradient (an ``Embedding``'s) stays an ``IndexedSlices``, over the selected entries
+        of its touched rows: nothing the size of the variable is made (see ``_select_slices``). With ``use_ema``
+        every sparse variable's scratch is refilled and written back, not only those in this step: Keras
+        averages (and may overwrite) every variable it was built with.
+        """
         self._pending_scatter = []
         if not (self.entries or self.frozen):
             return grads, variables
-        out_g, out_v = [], []
+        out_g, out_v, called = [], [], set()
         for g, v in zip(grads, variables):
             k = key(v)
             if k in self.frozen:
@@ -192,22 +235,80 @@ class SparseState:
                 out_g.append(g)
                 out_v.append(v)
                 continue
-            index = tf.convert_to_tensor(entry.index)
-            entry.values.assign(tf.gather(tf.reshape(tf.convert_to_tensor(v), [-1]), index))
-            if g is not None:
-                g = tf.gather(tf.reshape(tf.convert_to_tensor(g), [-1]), index)
+            called.add(k)
+            self._refill(entry)
+            if isinstance(g, tf.IndexedSlices):
+                select = _select_slices_static if in_xla() else _select_slices
+                g = select(g, tf.convert_to_tensor(entry.index), tuple(v.shape))
+            elif g is not None:
+                g = tf.gather(tf.reshape(tf.convert_to_tensor(g), [-1]), tf.convert_to_tensor(entry.index))
             out_g.append(g)
             out_v.append(entry.values)
             self._pending_scatter.append(entry)
+        if any(leaf.use_ema for leaf in self.wrapper._leaves()):
+            for k, entry in self.entries.items():
+                if k not in called:
+                    self._refill(entry)
+                    self._pending_scatter.append(entry)
         return out_g, out_v
 
-    def scatter(self) -> None:
-        """Write the updated scratch values back into their variables."""
-        for entry in getattr(self, "_pending_scatter", []):
+    def _refill(self, entry: _Entry) -> None:
+        """The scratch values <- the variable's selected entries (read from the variable alone, not all of it)."""
+        if in_xla():  # XLA has no kernel for a gather from a variable: read it whole (XLA fuses the two)
+            entry.values.assign(tf.gather(tf.reshape(tf.convert_to_tensor(entry.variable), [-1]), entry.index))
+            return
+        where = _unravel(tf.convert_to_tensor(entry.index), tuple(entry.variable.shape))
+        entry.values.assign(tf.gather_nd(tf_variable(entry.variable), where))
+
+    def scatter(self, everything: bool = False) -> None:
+        """Write the updated scratch values back into their variables (``everything``: every sparse variable's)."""
+        for entry in self.entries.values() if everything else getattr(self, "_pending_scatter", []):
             where = _unravel(tf.convert_to_tensor(entry.index), tuple(entry.variable.shape))
             variable = tf_variable(entry.variable)
             variable.scatter_nd_update(where, tf.convert_to_tensor(entry.values))
         self._pending_scatter = []
+
+    # -- EMA, as keras.callbacks.SwapEMAWeights sees it ------------------------------------------------
+    def ema_view(self, averages: list[Any]) -> list[Any]:
+        """The inner optimizer's EMA averages aligned with the wrapper's variables, as ``SwapEMAWeights`` reads them.
+
+        Keras' callback pairs ``optimizer._trainable_variables`` (the model's, full size) with these by position
+        and swaps them with ``assign``/``assign_add``. A sparse variable's average has K entries, so it is shown
+        as a new full-size variable holding what dense state would hold: the K averages at the selection, the
+        variable's own bits elsewhere (a frozen entry's average is its weight). Every write to that variable is
+        passed on to the K averages at once; it is rebuilt at the next read, so it costs N entries only while a
+        callback holds it. A wholly frozen variable's stand-in is its own weight (its writes go nowhere).
+        """
+        if not (self.entries or self.frozen):
+            return averages
+        leaf = self.wrapper._leaves()[0]
+        out = []
+        with tf.init_scope():
+            for v in trainable_variables(self.wrapper):
+                k = key(v)
+                entry = self.entries.get(k)
+                if k in self.frozen:
+                    out.append(tf.Variable(tf.convert_to_tensor(v), trainable=False, name="ema_view"))
+                elif entry is None:
+                    out.append(averages[index(leaf, v)])
+                else:
+                    out.append(self._full_average(entry, averages[index(leaf, entry.values)]))
+        return out
+
+    def _full_average(self, entry: _Entry, average: Any) -> tf.Variable:
+        where = _unravel(tf.convert_to_tensor(entry.index), tuple(entry.variable.shape))
+        full = tf.Variable(tf.tensor_scatter_nd_update(tf.convert_to_tensor(entry.variable), where,
+                                                       tf.convert_to_tensor(average)), trainable=False, name="ema_view")
+        for method in ("assign", "assign_add", "assign_sub"):
+            plain = getattr(full, method)
+
+            def write(*args: Any, plain: Any = plain, **kwargs: Any) -> Any:
+                result = plain(*args, **kwargs)
+                average.assign(tf.gather_nd(full, where))
+                return result
+
+            object.__setattr__(full, method, write)
+        return full
 
     def optimizer_bytes(self, inner_slots: dict[str, Any], variable: Any) -> int:
         """Bytes of optimizer state for ``variable``: its slots, plus its selection and scratch when sparse."""
@@ -222,3 +323,34 @@ def _unravel(flat: tf.Tensor, shape: tuple[int, ...]) -> tf.Tensor:
     """Flat row-major positions -> ``[K, rank]`` coordinates (``tf.unravel_index`` has no XLA kernel)."""
     strides = [int(np.prod(shape[i + 1:])) for i in range(len(shape))]
     return tf.stack([(flat // stride) % dim for stride, dim in zip(strides, shape)], axis=1)
+
+
+
+def _select_slices(g: tf.IndexedSlices, flat: tf.Tensor, shape: tuple[int, ...]) -> tf.IndexedSlices:
+    """An ``IndexedSlices`` over ``shape``'s rows -> an ``IndexedSlices`` over the K selected entries (``flat``).
+
+    Each slice gives one value per selected entry in its row (found by binary search: ``flat`` is sorted, as
+    ``build`` stores it), in the slices' order, duplicates kept: the inner optimizer sees at the selected
+    entries exactly the sparse gradient dense state hands it, and nothing the size of the variable is made.
+    Cost: ``log K`` per slice plus the selected entries in the touched rows.
+    """
+    row = int(np.prod(shape[1:]))
+    flat = tf.cast(flat, tf.int32)
+    rows = flat // row
+    touched = tf.cast(g.indices, tf.int32)
+    at = tf.ragged.range(tf.searchsorted(rows, touched, side="left"), tf.searchsorted(rows, touched, side="right"))
+    positions = at.flat_values
+    columns = tf.gather(flat, positions) % row
+    values = tf.gather_nd(tf.reshape(g.values, [-1, row]), tf.stack([tf.cast(at.value_rowids(), tf.int32), columns], 1))
+    return tf.IndexedSlices(values, positions, dense_shape=tf.constant([int(flat.shape[0])], tf.int32))
+
+
+def _select_slices_static(g: tf.IndexedSlices, flat: tf.Tensor, shape: tuple[int, ...]) -> tf.IndexedSlices:
+    """``_select_slices`` with static shapes, for XLA: one candidate per entry of each slice (the slices' own size),
+    an entry outside the selection pointing at index -1, which XLA's scatters and segment sums drop."""
+    row = int(np.prod(shape[1:]))
+    flat = tf.cast(flat, tf.int32)
+    candidates = tf.reshape(tf.cast(g.indices, tf.int32)[:, None] * row + tf.range(row, dtype=tf.int32)[None, :], [-1])
+    at = tf.minimum(tf.searchsorted(flat, candidates, out_type=tf.int32), int(flat.shape[0]) - 1)
+    positions = tf.where(tf.gather(flat, at) == candidates, at, -1)
+    return tf.IndexedSlices(tf.reshape(g.values, [-1]), positions, dense_shape=tf.constant([int(flat.shape[0])], tf.int32))

@@ -234,6 +234,14 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         entries, _ = self._entries(_keras_api.trainable_variables(self), None, mask_fn=False)
         with REGISTRY.active(entries):
             self.inner.finalize_variable_values(self._sparse.inner_variables(var_list))
+        if any(leaf.use_ema for leaf in self._leaves()):
+            self._sparse.scatter(everything=True)  # sparse state: the averages went into the scratch values
+
+    @property
+    def _model_variables_moving_average(self) -> list[Any]:
+        """The EMA averages, one per built variable, as ``keras.callbacks.SwapEMAWeights`` pairs them with the
+        variables (``state="sparse"``: see ``SparseState.ema_view``); AttributeError when there is no EMA."""
+        return self._sparse.ema_view(_keras_api.moving_averages(self.inner))
 
     # -- build: the mask variables and the guard ---------------------------------------------------
     def build(self, var_list: Sequence[Any]) -> None:
@@ -261,6 +269,7 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         var_list = list(var_list)
         leaves = _leaves(self.inner)
         pending = self._check_pending(var_list)
+        self._sparse.check_options()
         _distribute.check_build(self, leaves)
         with tf.init_scope():
             keeps = [tf.Variable(True, shape=tf.TensorShape(None), dtype=tf.bool, trainable=False, name=f"keep_{i}")
@@ -599,6 +608,7 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
             grads = [g if g is None or _keras_api.key(v) not in entries
                      else _masks.zero_where_frozen(g, entries[_keras_api.key(v)].target.keep(), v)
                      for g, v in zip(grads, variables)]
+        self._sparse.check_options()
         grads, variables = self._sparse.gather(grads, variables)
         if self.policy == "none":
             self.inner.apply(grads, variables)
