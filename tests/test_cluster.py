@@ -170,7 +170,11 @@ def test_ctrl_c_ends_a_ps_task_a_worker_and_a_chief_within_seconds_with_exit_cod
         # a chief waiting for tasks that never come (its start_timeout is long)
         other = {"chief": spec["chief"], "ps": [f"localhost:{free_ports(1)[0]}"], "worker": spec["worker"]}
         tasks["chief"] = _task("chief", other, tmp_path, "--job", '{"start_timeout": 600, "data": "study.ps.data:idx"}')
-        time.sleep(8)  # past its imports, into its wait
+        deadline, log = time.monotonic() + 120, tmp_path / f"chief-0-{ports[0]}.log"
+        while not (log.exists() and "==== Ctrl-C (SIGINT) ends chief:0" in log.read_text()):  # its handler is set
+            assert time.monotonic() < deadline and tasks["chief"].poll() is None, "the chief never set its handler"
+            time.sleep(0.1)
+        time.sleep(5)  # most likely past its imports, into its wait (the handler works wherever it is)
         for job, process in tasks.items():
             assert process.poll() is None, job
             started = time.monotonic()

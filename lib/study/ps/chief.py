@@ -114,6 +114,7 @@ class _Chief:
                  say: Callable[[str], None] = _stderr):
         self.config, self.cluster, self.progress_path, self.say = config, cluster, progress, say
         self.workers_down: set[str] = set()
+        self.workers_lost: list[str] = []  # every worker this chief said lost, in order (in the progress file)
         self.workers_checked = 0.0
         self.state: dict[str, Any] = {"functions_done": 0, "records": [], "curve": [], "elapsed": 0.0,
                                       "attempts": [], "checkpoints": [], "samples": {}, "foreign_samples": 0}
@@ -127,12 +128,14 @@ class _Chief:
         print(f"chief: {what} ({time.perf_counter() - self.born:.1f} s)", flush=True)
 
     def write_progress(self, **extra: Any) -> None:
-        """The progress file the launcher polls (atomically): counter, functions done, last checkpoint, ``extra``."""
+        """The progress file the launcher polls (atomically): counter, functions done, last checkpoint, the workers
+        this chief said lost (how the launcher knows a fault was seen before it injects the next), ``extra``."""
         if self.progress_path:
             write_json_atomic(self.progress_path, {
                 "version": self.last_version, "functions_done": self.state["functions_done"],
                 "checkpoint_version": self.checkpoint_version,
-                "version_task": short_device(self.ps.version.device) if self.ps else None, **extra}, durable=False)
+                "version_task": short_device(self.ps.version.device) if self.ps else None,
+                "workers_lost": self.workers_lost, **extra}, durable=False)
 
     def record_failure(self, error: BaseException, lost: list[str]) -> dict[str, Any]:
         """What the chief knew when ``error`` ended it, also written to the progress file."""
@@ -238,6 +241,7 @@ class _Chief:
             name, up = f"worker:{i}", reachable(address, timeout=0.2)
             if not up and name not in self.workers_down:
                 self.workers_down.add(name)
+                self.workers_lost.append(name)
                 self.say(f"{name} ({address}) lost; its functions go to the other workers, and the coordinator uses "
                          "it again when it is back: start it again with its command")
             elif up and name in self.workers_down:

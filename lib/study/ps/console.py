@@ -97,3 +97,4 @@ class Console:
             os._exit(EXIT_INTERRUPTED)
 
         threading.Thread(target=wait, name="study-ps-sigint", daemon=True).start()
+        print(f"==== Ctrl-C (SIGINT) ends {task} with exit code {EXIT_INTERRUPTED} ====", file=sys.stderr, flush=True)

@@ -34,6 +34,11 @@ class Faults:
     ``worker_at`` kills worker 0 and starts it again; ``ps_at`` kills a ps task once the counter is past both
     ``ps_at`` and the last checkpoint, restarts it, then the chief with ``--resume``; ``chief_at`` kills the chief
     and restarts it with ``--resume``.
+
+    The faults come one at a time, in the order the job sees them: a worker is started again only once the chief
+    has said it lost (a worker back before the chief looked is taken back silently, by design), a killed chief
+    only once every ps task has said it has gone, and the next fault waits for the restarted chief. Each event
+    says whether it was ``acknowledged`` (False: not seen within ``ACK_TIMEOUT_S``, and the launcher went on).
     """
 
     worker_at: int | None = None
@@ -57,6 +62,9 @@ class Faults:
 
 # ----------------------------------------------------------------------------------------------------------
 # The launcher: a LocalCluster, the chief, faults and restarts
+
+ACK_TIMEOUT_S = 60.0
+"""How long the launcher waits for the job to see a fault before it goes on (the event says ``acknowledged``)."""
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -119,18 +127,39 @@ def _launch(config: DownpourConfig, cluster: Any, timeout_s: float, injected: Fa
         faults = [f for f in (("worker", 0, injected.worker_at), ("ps", None, injected.ps_at),
                               ("chief", 0, injected.chief_at)) if f[2] is not None]
         events: list[dict[str, Any]] = []
+        pending: dict[str, Any] | None = None  # the last fault injected, until the job has acknowledged it
         ps_down: tuple[int, float] | None = None
         cpu_steady: dict[str, float | None] | None = None
         cpu_finished: dict[str, float | None] | None = None
+
+        def restart_chief() -> Any:
+            progress.unlink(missing_ok=True)  # the next fault waits for the new chief's own progress
+            return cluster.start_chief(args + ("--resume",), spec=spec)
+
         while True:
-            code = chief.poll()
+            # while a killed chief waits to be seen gone, it is not the job's chief: its exit code tells nothing
+            code = None if pending is not None and pending["job"] == "chief" else chief.poll()
             state = _read_json(progress)
             if cpu_steady is None and state.get("steady") and not events:
                 cpu_steady = {name: cpu_seconds(pid) for name, pid in tasks.items()}
             if cpu_finished is None and state.get("finished") and not events:
                 cpu_finished = {name: cpu_seconds(pid) for name, pid in tasks.items()}
             if code is None:
+                if pending is not None:  # one fault at a time: the next waits until this one was seen
+                    seen = _acknowledged(pending, state, cluster, spec)
+                    if not seen and time.monotonic() - pending["at"] < ACK_TIMEOUT_S:
+                        time.sleep(0.1)
+                        continue
+                    pending["event"]["acknowledged"] = seen
+                    if pending["job"] == "worker":  # a supervisor starts it again; the coordinator reconnects
+                        cluster.restart("worker", pending["index"], wait=False)
+                    elif pending["job"] == "chief":
+                        chief = restart_chief()
+                    pending = None
+                    continue
                 for fault in list(faults):
+                    if ps_down is not None:
+                        break
                     job_name, index, at = fault
                     if state.get("version", 0) < at:
                         continue
@@ -143,20 +172,21 @@ def _launch(config: DownpourConfig, cluster: Any, timeout_s: float, injected: Fa
                     event = {"killed": f"{job_name}:{index}", "version_seen": state.get("version"),
                              "checkpoint_version": state.get("checkpoint_version"),
                              "seconds": time.monotonic() - started}
+                    events.append(event)
+                    mark = cluster.mark()
+                    cluster.kill(job_name, index)
                     if job_name == "chief":
-                        cluster.kill("chief", 0)
+                        # the killed chief may have written a checkpoint after the progress file was read
+                        event["checkpoint_version"] = _read_json(Path(job["checkpoint_dir"]) / "latest.json").get(
+                            "version", event["checkpoint_version"])
                         event["restarted"] = "chief --resume"
-                        events.append(event)
-                        chief = cluster.start_chief(args + ("--resume",), spec=spec)
-                    elif job_name == "worker":  # a supervisor starts it again; the coordinator reconnects to it
-                        cluster.kill("worker", index)
-                        cluster.restart("worker", index, wait=False)
-                        event["restarted"] = "worker:0 (the coordinator reconnects when it listens)"
-                        events.append(event)
+                    elif job_name == "worker":
+                        event["restarted"] = f"worker:{index} (the coordinator reconnects when it listens)"
                     else:
-                        cluster.kill(job_name, index)
-                        events.append(event)
                         ps_down = (index, time.monotonic())
+                    if job_name != "ps":  # a lost ps is acknowledged by the chief's exit code
+                        pending = {"job": job_name, "index": index, "event": event, "mark": mark,
+                                   "at": time.monotonic()}
                     break
                 if ps_down is not None and time.monotonic() - ps_down[1] > 90:
                     cluster.kill("chief", 0)  # it did not notice the lost ps in time; treat it as lost anyway
@@ -166,17 +196,22 @@ def _launch(config: DownpourConfig, cluster: Any, timeout_s: float, injected: Fa
                                        f"chief log: {cluster.log_tail('chief', 0)}")
                 time.sleep(0.1)
                 continue
+            if pending is not None and pending["job"] == "worker":  # the chief ended before it saw the worker go
+                pending["event"]["acknowledged"] = False
+                cluster.restart("worker", pending["index"], wait=False)
+                pending = None
             if code == 0:
                 break
             if ps_down is not None and code in (EXIT_PS_LOST, -9):
                 index, _ = ps_down
                 failure = state.get("failure", {})
-                events[-1].update({"chief_exit": code, **{k: failure.get(k) for k in (
-                    "version_at_failure", "last_polled_version", "checkpoint_version", "error")}})
+                events[-1].update({"chief_exit": code, "acknowledged": code == EXIT_PS_LOST, **{
+                    k: failure.get(k) for k in ("version_at_failure", "last_polled_version", "checkpoint_version",
+                                                "error")}})
                 cluster.restart("ps", index)
                 events[-1]["restarted"] = f"ps:{index}, then chief --resume"
                 ps_down = None
-                chief = cluster.start_chief(args + ("--resume",), spec=spec)
+                chief = restart_chief()
                 continue
             said = [line for line in cluster.log_tail("chief", 0, 4000).splitlines() if line.startswith("study.ps:")]
             how = f"killed by signal {-code}" if code < 0 else f"exit {code}"
@@ -197,6 +232,15 @@ def _launch(config: DownpourConfig, cluster: Any, timeout_s: float, injected: Fa
         worker_limits=(f"each worker: intra_op_parallelism_threads={cluster.worker_threads}"
                        + (", pinned to one core (os.sched_setaffinity)" if cluster.pin_workers
                           and cluster.worker_threads == 1 and hasattr(os, "sched_setaffinity") else "")))
+
+
+def _acknowledged(pending: dict[str, Any], state: dict[str, Any], cluster: Any, spec: dict[str, list[str]]) -> bool:
+    """Whether the job has seen the fault ``pending``: the chief said the killed worker lost (its progress file
+    lists it), or every ps task of the job said that the killed chief has gone (a worker started again just before
+    may not have seen the chief yet, so it is not asked)."""
+    if pending["job"] == "worker":
+        return f"worker:{pending['index']}" in state.get("workers_lost", [])
+    return all("has gone" in cluster.said("ps", i, since=pending["mark"]) for i in range(len(spec["ps"])))
 
 
 def _read_json(path: Path) -> dict[str, Any]:

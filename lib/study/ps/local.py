@@ -188,13 +188,21 @@ class LocalCluster:
         path = self.logs / f"{job}{index}.log"
         return path.read_text(errors="replace")[-chars:] if path.is_file() else ""
 
-    def said(self, job: str, index: int) -> str:
-        """What one task wrote to its terminal since it was last started. ``cluster.said("chief", 0)``"""
+    def mark(self) -> dict[tuple[str, int], int]:
+        """Where every task's terminal log ends now, for ``said(..., since=mark)``: one section of the logs per test
+        or per job. ``mark = cluster.mark()``"""
+        keys = [(job, i) for job in self.spec for i in range(len(self.spec[job]))]
+        return {key: (self.logs / f"{key[0]}{key[1]}.log").stat().st_size
+                if (self.logs / f"{key[0]}{key[1]}.log").is_file() else 0 for key in keys}
+
+    def said(self, job: str, index: int, since: dict[tuple[str, int], int] | None = None) -> str:
+        """What one task wrote to its terminal since it was last started, or since ``mark()`` gave ``since``
+        (across its restarts). ``cluster.said("chief", 0)``"""
         path = self.logs / f"{job}{index}.log"
         if not path.is_file():
             return ""
         with open(path, errors="replace") as log:
-            log.seek(self._log_offsets.get((job, index), 0))
+            log.seek(since.get((job, index), 0) if since is not None else self._log_offsets.get((job, index), 0))
             return log.read()
 
     def full_log(self, job: str, index: int) -> Path:
