@@ -8,7 +8,7 @@ In one run, on one ``LocalCluster`` (4 workers, 2 ps tasks; each worker limited 
 * Downpour with 1 worker and with 2 workers, ``n_fetch = n_push = 4``, Adam on the ps (``--optimizer``);
 * then 4 workers, oversubscribed: 4 one-core workers on this machine's cores.
 
-Every run reads the study's MNIST from IDX files (``study.ps.data:idx``), the workers each their own shard.
+Every run reads the study's MNIST from IDX files (``downpour.data:idx``), the workers each their own shard.
 
 Ratios: scaling = steps/s of 2 workers / 1 worker (target >= 1.6); overhead = the PS step time / the local
 step time, with 1 worker (target <= 1.3), and the same in CPU seconds per step (worker + ps) / the local loop's.
@@ -43,11 +43,11 @@ sys.path.insert(0, str(REPO / "lib"))
 sys.path.insert(0, str(REPO))  # examples.ps_tokens, for --sparse (the chief imports it too: PYTHONPATH below)
 os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
 
-from study.ps.local import LocalCluster  # noqa: E402
-from study.ps import DownpourConfig, run_downpour  # noqa: E402
+from downpour.local import LocalCluster  # noqa: E402
+from downpour import DownpourConfig, run_downpour  # noqa: E402
 
-BASE = DownpourConfig(n_fetch=4, n_push=4, steps_per_function=8, batch=50, learning_rate=0.001, optimizer="adam",
-                      ps=2, data="study.ps.data:idx")
+BASE = DownpourConfig(model="study.models:deep_mnist_cnn", n_fetch=4, n_push=4, steps_per_function=8, batch=50,
+                      learning_rate=0.001, optimizer="adam", ps=2, data="downpour.data:idx")
 
 
 def _load() -> float:
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--local-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.local_child:
-        from study.ps.worker import local_steps_per_s
+        from downpour.worker import local_steps_per_s
 
         config = DownpourConfig(**json.loads(args.local_child[0]))
         print(json.dumps(local_steps_per_s(config, functions=int(args.local_child[1]),
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     started = time.monotonic()
     runs: dict[str, list] = {"local": [], "1": [], "2": [], "4": []}
-    from study.ps.data import write_study_mnist
+    from study.gradients.ps_data import write_study_mnist
 
     data = tempfile.TemporaryDirectory(prefix="bench-ps-")
     base = dataclasses.replace(BASE, optimizer=args.optimizer,

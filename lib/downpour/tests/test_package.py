@@ -1,4 +1,4 @@
-"""study.ps without a cluster: the package's import order, the job's checks, checkpoints written atomically and
+"""downpour without a cluster: the package's import order, the job's checks, checkpoints written atomically and
 checked on resume, which errors mean a lost ps, exact versions under concurrent pushes, the optimizer on the ps
 and the bind address."""
 
@@ -18,15 +18,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import study.ps
-from study.ps import KERAS_OPTIMIZERS, DownpourConfig, PsVariables, build_model, faults
-from study.ps import bind as bind_address
-from study.ps.checkpoints import CheckpointStore, ResumeRefused
-from study.ps.local import free_ports
-from study.ps.variables import count_update
+import downpour
+from downpour import KERAS_OPTIMIZERS, DownpourConfig, PsVariables, build_model, faults
+from downpour import bind as bind_address
+from downpour.checkpoints import CheckpointStore, ResumeRefused
+from downpour.local import free_ports
+from downpour.variables import count_update
 
-LIB = Path(study.ps.__file__).parent
-MLP = "study.ps.examples:mnist_mlp"
+LIB = Path(downpour.__file__).parent
+REPO = LIB.parents[1]  # the repository: examples/ (the README's jobs)
+MLP = "downpour.examples:mnist_mlp"
 
 
 # -- the package ------------------------------------------------------------------------------------------
@@ -35,35 +36,57 @@ MLP = "study.ps.examples:mnist_mlp"
 def _imports(path: Path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("study.ps"):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("downpour"):
             names = [f"{node.module}.{a.name}" for a in node.names]
-            found |= {n for n in names if n in study.ps.MODULES} or {node.module}
+            found |= {n for n in names if n in downpour.MODULES} or {node.module}
         elif isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("study.ps")}
-    return found - {"study.ps"}
+            found |= {a.name for a in node.names if a.name.startswith("downpour")}
+    return found - {"downpour"}
 
 
 def test_every_module_imports_only_modules_listed_before_it_so_there_is_no_cycle():
     files = {p.stem: p for p in LIB.glob("*.py") if p.stem != "__init__"}
-    assert {f"study.ps.{name}" for name in files} == set(study.ps.MODULES)
-    for position, module in enumerate(study.ps.MODULES):
-        later = set(study.ps.MODULES[position:])
+    assert {f"downpour.{name}" for name in files} == set(downpour.MODULES)
+    for position, module in enumerate(downpour.MODULES):
+        later = set(downpour.MODULES[position:])
         assert not _imports(files[module.rpartition(".")[2]]) & later, module
 
 
+def test_the_package_needs_tensorflow_keras_numpy_and_freezing_only():
+    """A package of its own: no module imports the study (or anything but the standard library, TensorFlow, Keras,
+    NumPy and ``freezing``), and its project declares exactly those it needs besides TensorFlow's build."""
+    import tomllib
+
+    allowed = {"downpour", "tensorflow", "keras", "numpy", "freezing", *sys.stdlib_module_names}
+    for path in LIB.glob("*.py"):
+        tops = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                tops |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                tops.add(node.module.split(".")[0])
+        assert tops <= allowed, (path.name, tops - allowed)
+    project = tomllib.loads((LIB / "pyproject.toml").read_text())["project"]
+    assert project["name"] == "downpour" and project["readme"] == "README.md"
+    assert sorted(d.split(">")[0] for d in project["dependencies"]) == ["freezing", "keras"]
+    assert re.fullmatch(r"\d+\.\d+\.\d+", downpour.__version__)
+
+
 def test_a_ps_or_worker_task_loads_no_keras_and_the_old_modules_are_gone():
-    code = "import sys, study.ps.roles, study.ps.cluster; print('keras' in sys.modules)"
+    code = "import sys, downpour.roles, downpour.cluster; print('keras' in sys.modules)"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.stdout.strip() == "False", run.stderr[-500:]
+    study = LIB.parent / "study"  # the package lived in the study as study.ps, and before that in these modules
+    assert not (study / "ps").exists()
     for old in ("parameter_server", "ps_roles", "ps_chief", "ps_config", "ps_variables", "ps_examples", "cluster"):
-        assert not (LIB.parent / f"{old}.py").exists()
+        assert not (study / f"{old}.py").exists()
 
 
 @pytest.mark.parametrize("bad, match", [
     ({"optimizer": "adamx"}, r"optimizer: got 'adamx'; allowed: 'sgd', 'adagrad' \(Downpour's\), a Keras optimizer"),
     ({"optimizer": {"class_name": "NoSuchOptimizer"}}, "optimizer: .* is not a Keras optimizer config"),
     ({"loss": "no_such_loss"}, "loss: 'no_such_loss' is not a Keras loss"),
-    ({"data": "study.ps.data:nothing"}, "data: 'study.ps.data' has no callable 'nothing'"),
+    ({"data": "downpour.data:nothing"}, "data: 'downpour.data' has no callable 'nothing'"),
     ({"freeze": ["fc1"]}, "freeze/masks: need a Keras optimizer on the ps"),
     ({"freeze": "fc1", "optimizer": "adam"}, "freeze: expected a list of variable paths"),
     ({"mask_policy": "keep", "optimizer": "adam"}, "mask_policy: got 'keep'; allowed: 'hold', 'reset', 'none'"),
@@ -80,23 +103,23 @@ def test_freeze_and_masks_that_match_no_variable_are_clear_errors():
     with pytest.raises(ValueError, match=r"freeze: 'fc9' matches no trainable variable; paths: \['bn1/beta'"):
         PsVariables(model, DownpourConfig(model=MLP, optimizer="adam", freeze=["fc9"]))
     with pytest.raises(ValueError, match=r"masks: the mask of 'fc1/kernel' has shape \(3,\), which does not broadcast"):
-        PsVariables(model, DownpourConfig(model=MLP, optimizer="adam", masks="ps_hooks:bad_shape"))
+        PsVariables(model, DownpourConfig(model=MLP, optimizer="adam", masks="downpour.tests.ps_hooks:bad_shape"))
 
 
 # -- data ---------------------------------------------------------------------------------------------------
 
 
 def test_each_worker_reads_every_workers_th_row_and_a_self_sharding_function_gets_its_index(tmp_path):
-    from study.ps.data import INDEX_STRIDE, train_dataset, write_idx
+    from downpour.data import INDEX_STRIDE, train_dataset, write_idx
 
     images = np.arange(10 * 4, dtype=np.uint8).reshape(10, 2, 2)
     write_idx(tmp_path, images, np.arange(10), images[:2], np.arange(2))
-    job = DownpourConfig(data="study.ps.data:idx", data_kwargs={"folder": str(tmp_path), "height": 2, "width": 2},
+    job = DownpourConfig(data="downpour.data:idx", data_kwargs={"folder": str(tmp_path), "height": 2, "width": 2},
                          batch=5, shuffle_buffer=1)
     x, y, ids = next(iter(train_dataset(job)(tf.constant(1), 2)))
     assert ids.numpy().tolist() == y.numpy().tolist() == [1, 3, 5, 7, 9]
     np.testing.assert_array_equal(x.numpy()[:, :, :, 0], (images[1::2] / 255.0).astype(np.float32))  # as load_mnist
-    job = DownpourConfig(data="ps_hooks:per_worker", batch=3, shuffle_buffer=1)
+    job = DownpourConfig(data="downpour.tests.ps_hooks:per_worker", batch=3, shuffle_buffer=1)
     x, y, ids = next(iter(train_dataset(job)(tf.constant(2), 4)))
     assert y.numpy().tolist() == [200, 201, 202] and ids.numpy().tolist() == [2 * INDEX_STRIDE + i for i in range(3)]
 
@@ -121,7 +144,7 @@ def test_a_keras_optimizer_on_the_ps_writes_what_keras_writes_and_masks_hold_fro
         np.testing.assert_array_equal(mine, theirs.numpy())
 
     masked = DownpourConfig(model=MLP, model_kwargs={"hidden": 8, "batch_norm": False}, optimizer="adam",
-                            freeze=["fc2/bias"], masks="study.ps.examples:random_mask",
+                            freeze=["fc2/bias"], masks="downpour.examples:random_mask",
                             masks_kwargs={"layer": "fc1", "keep": 0.5})
     ps = PsVariables(build_model(masked), masked)
     before = ps.values()
@@ -318,9 +341,9 @@ def test_listening_addresses_are_read_from_proc_and_a_wider_listener_is_refused(
 
 
 def test_the_walk_through_s_job_file_is_the_one_the_docs_show_and_a_valid_job(monkeypatch):
-    repo = LIB.parents[2]
+    repo = REPO
     monkeypatch.syspath_prepend(str(repo))
-    text = (repo / "docs" / "parameter_server.md").read_text()
+    text = (LIB / "README.md").read_text()
     shown = json.loads(text.split("```json\n", 1)[1].split("```", 1)[0])
     job = json.loads((repo / "examples" / "ps_tabular" / "job.json").read_text())
     assert shown == job
@@ -330,7 +353,7 @@ def test_the_walk_through_s_job_file_is_the_one_the_docs_show_and_a_valid_job(mo
 
 # -- sparse gradients, several inputs, data against the model --------------------------------------------------
 
-EMBED = "ps_hooks:embedding_model"
+EMBED = "downpour.tests.ps_hooks:embedding_model"
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", *KERAS_OPTIMIZERS, {"class_name": "SGD", "config": {
@@ -351,9 +374,9 @@ def test_every_optimizer_applies_an_embedding_s_indexed_slices_on_the_ps_as_kera
     moved = before[0].view(np.uint32) != after[0].view(np.uint32)
     assert moved[[1, 5]].all()
     if optimizer not in ("sgd", "adagrad"):  # Keras' own update, on the same gradient, in a graph as on the ps
-        from study.ps.optimizer import keras_optimizer
+        from downpour.optimizer import keras_optimizer
 
-        from study.ps.sparse import dedupe
+        from downpour.sparse import dedupe
 
         reference = [tf.Variable(b, name=f"reference_{i}") for i, b in enumerate(before)]
         keras_step = keras_optimizer(job)  # given the gradient as the ps gets it: each row once
@@ -368,7 +391,7 @@ def test_every_optimizer_applies_an_embedding_s_indexed_slices_on_the_ps_as_kera
             np.testing.assert_array_equal(after[0][1], before[0][1] - np.float32(0.01) * row)
     if isinstance(optimizer, str) and optimizer in ("sgd", "adagrad"):
         return
-    masked = DownpourConfig(model=EMBED, optimizer=optimizer, learning_rate=0.01, masks="ps_hooks:freeze_rows")
+    masked = DownpourConfig(model=EMBED, optimizer=optimizer, learning_rate=0.01, masks="downpour.tests.ps_hooks:freeze_rows")
     ps = PsVariables(build_model(masked), masked)
     before = ps.values()
     for _ in range(2):
@@ -378,7 +401,7 @@ def test_every_optimizer_applies_an_embedding_s_indexed_slices_on_the_ps_as_kera
 
 
 def test_sparse_pieces_split_over_shards_give_what_the_dense_gradient_gives():
-    from study.ps import sparse
+    from downpour import sparse
 
     g = tf.IndexedSlices(tf.constant([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]), tf.constant([7, 0, 7], tf.int64),
                          tf.constant([9, 2], tf.int64))
@@ -400,10 +423,10 @@ def test_sparse_pieces_split_over_shards_give_what_the_dense_gradient_gives():
 
 @pytest.mark.slow  # over 4 s: make test-slow (CI)
 def test_a_two_input_model_with_an_embedding_trains_in_the_local_loop_with_sparse_pushes(tmp_path, monkeypatch):
-    from study.ps.worker import gradient_kinds, worker_function
-    from study.ps.data import element_spec, train_dataset
+    from downpour.worker import gradient_kinds, worker_function
+    from downpour.data import element_spec, train_dataset
 
-    repo = LIB.parents[2]
+    repo = REPO
     monkeypatch.syspath_prepend(str(repo))
     from examples.ps_tokens.data import write
 
@@ -429,16 +452,16 @@ def test_a_two_input_model_with_an_embedding_trains_in_the_local_loop_with_spars
 
 
 @pytest.mark.parametrize("data, message", [
-    ("ps_hooks:features_29", "data: the train split (the files of data_kwargs {}) gives x of shape (29,) per sample; "
+    ("downpour.tests.ps_hooks:features_29", "data: the train split (the files of data_kwargs {}) gives x of shape (29,) per sample; "
                              "the model's input 'features' expects (30,)"),
-    ("ps_hooks:features_as_text", "gives x as string; the model's input 'features' expects float32"),
-    ("ps_hooks:two_inputs_misnamed", "gives the inputs ['numbers', 'tokens']; the model expects ['numeric', "
+    ("downpour.tests.ps_hooks:features_as_text", "gives x as string; the model's input 'features' expects float32"),
+    ("downpour.tests.ps_hooks:two_inputs_misnamed", "gives the inputs ['numbers', 'tokens']; the model expects ['numeric', "
                                      "'tokens']"),
 ])
 def test_data_that_does_not_fit_the_model_is_one_line_naming_what_was_expected_and_found(data, message, monkeypatch):
-    from study.ps.data import check_split
+    from downpour.data import check_split
 
-    monkeypatch.syspath_prepend(str(LIB.parents[2]))
+    monkeypatch.syspath_prepend(str(REPO))
     model = "examples.ps_tabular.model:build" if "features" in data else "examples.ps_tokens.model:build"
     job = DownpourConfig(model=model, data=data)
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -446,19 +469,19 @@ def test_data_that_does_not_fit_the_model_is_one_line_naming_what_was_expected_a
 
 
 def test_the_files_a_dataset_reads_are_named_from_its_graph_without_reading_them(tmp_path, monkeypatch):
-    from study.ps.data import split_files
+    from downpour.data import split_files
 
-    monkeypatch.syspath_prepend(str(LIB.parents[2]))
+    monkeypatch.syspath_prepend(str(REPO))
     tokens = DownpourConfig(data="examples.ps_tokens.data:dataset", data_kwargs={"folder": "/nowhere"})
     assert split_files(tokens, "train", 1, 2) == ["/nowhere/train-1.tfrecord"]
     tabular = DownpourConfig(data="examples.ps_tabular.data:dataset", data_kwargs={"folder": "/nowhere"})
     assert split_files(tabular, "test") == ["/nowhere/test.csv"]
-    mnist = DownpourConfig(data="study.ps.data:idx", data_kwargs={"folder": "/nowhere"})
+    mnist = DownpourConfig(data="downpour.data:idx", data_kwargs={"folder": "/nowhere"})
     assert split_files(mnist, "train") == ["/nowhere/train-images-idx3-ubyte", "/nowhere/train-labels-idx1-ubyte"]
 
 
 def test_the_result_is_typed_round_trips_through_json_and_reads_as_a_mapping():
-    from study.ps.result import DownpourResult, FrozenReport, frozen_report
+    from downpour.result import DownpourResult, FrozenReport, frozen_report
 
     keep = np.array([[True, False], [False, False], [True, True]])
     start = np.zeros((3, 2), np.float32)
@@ -497,23 +520,23 @@ def test_an_error_s_first_line_is_the_line_that_says_what_went_wrong():
 
 
 def test_ps_tasks_take_their_thread_count_from_the_command_line():
-    from study.ps.cluster import server_config
+    from downpour.cluster import server_config
 
     assert server_config("ps", 2, ps_threads=3).intra_op_parallelism_threads == 3
     assert server_config("ps", 2).intra_op_parallelism_threads == 1
     assert server_config("worker", 2, worker_threads=2, ps_threads=3).intra_op_parallelism_threads == 2
     spec = json.dumps({"cluster": {"ps": ["localhost:1"], "worker": ["localhost:2"]}, "task": {"type": "ps"}})
-    run = subprocess.run([sys.executable, "-m", "study.ps", "--ps-threads", "0"], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "downpour", "--ps-threads", "0"], capture_output=True, text=True,
                          env=dict(os.environ, TF_CONFIG=spec), timeout=120)
-    assert run.returncode == 2 and run.stderr.strip() == "study.ps: --ps-threads: expected an integer >= 1; got 0"
+    assert run.returncode == 2 and run.stderr.strip() == "downpour: --ps-threads: expected an integer >= 1; got 0"
 
 
 def test_a_model_with_two_outputs_trains_in_the_local_loop_and_evaluates_on_both(monkeypatch):
-    from study.ps.data import element_spec, eval_arrays, train_dataset
-    from study.ps.model import evaluate, make_loss
-    from study.ps.worker import gradient_kinds, worker_function
+    from downpour.data import element_spec, eval_arrays, train_dataset
+    from downpour.model import evaluate, make_loss
+    from downpour.worker import gradient_kinds, worker_function
 
-    job = DownpourConfig(model="ps_hooks:two_outputs", data="ps_hooks:two_targets", loss="mse", optimizer="adam",
+    job = DownpourConfig(model="downpour.tests.ps_hooks:two_outputs", data="downpour.tests.ps_hooks:two_targets", loss="mse", optimizer="adam",
                          learning_rate=0.01, batch=16, steps_per_function=4, eval_samples=64)
     model = build_model(job)
     ps = PsVariables(model, job)

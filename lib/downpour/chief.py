@@ -1,5 +1,5 @@
 """The chief: a ``ClusterCoordinator`` schedules the worker loop, records the measurements, checkpoints, and
-exits with a code that says what happened (``run_chief``; started by ``python -m study.ps``).
+exits with a code that says what happened (``run_chief``; started by ``python -m downpour``).
 
 Only the chief imports the job's code (model, dataset function, loss, transform, masks): it traces them into
 the functions it sends, and the ps and worker tasks run those graphs. Before anything is trained it checks the
@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from study.ps import faults
-from study.ps.checkpoints import CheckpointStore, ResumeRefused, write_json_atomic
-from study.ps.config import DownpourConfig, optimizer_label
-from study.ps.result import DownpourResult, frozen_report
-from study.ps.variables import PsVariables, ps_devices, short_device
+from downpour import faults
+from downpour.checkpoints import CheckpointStore, ResumeRefused, write_json_atomic
+from downpour.config import DownpourConfig, optimizer_label
+from downpour.result import DownpourResult, frozen_report
+from downpour.variables import PsVariables, ps_devices, short_device
 
-PROG = "study.ps"
+PROG = "downpour"
 RUN_CONTROL = ("warmup_functions", "start_timeout", "checkpoint_dir", "eval_every", "eval_samples",
                "keep_checkpoints")
 """Job fields that may differ between a run and its ``--resume`` (everything else must match the checkpoint)."""
@@ -41,15 +41,15 @@ def _stderr(message: str) -> None:
 
 def run_chief(config: DownpourConfig, cluster: dict[str, list[str]], out: str | None = None, resume: bool = False,
               say: Callable[[str], None] = _stderr, where: str = "") -> int:
-    """The coordinator's whole job (``python -m study.ps`` as chief); returns the exit code (``study.ps.faults``).
+    """The coordinator's whole job (``python -m downpour`` as chief); returns the exit code (``downpour.faults``).
 
     Every error ends here with one message (``say``; ``where`` is appended to failures: the log file's name) and a
     code: 2 bad input (cluster, job, masks, data that does not fit the model or cannot be read), 3 tasks
     unreachable, 4 ``--resume`` refused, 75 a ps task lost, 1 anything else (its traceback on standard error,
-    which ``python -m study.ps`` sends to the log file).
+    which ``python -m downpour`` sends to the log file).
     """
-    from study.ps.cluster import check_parameter_server_cluster, wait_for_tasks
-    from study.ps.data import dataset_function
+    from downpour.cluster import check_parameter_server_cluster, wait_for_tasks
+    from downpour.data import dataset_function
 
     try:
         check_parameter_server_cluster(cluster)
@@ -158,9 +158,9 @@ class _Chief:
         (``resume``), ship the data and the loop."""
         import tensorflow as tf
 
-        from study.ps.data import train_dataset
-        from study.ps.model import build_model, make_loss
-        from study.ps.worker import gradient_kinds, worker_function
+        from downpour.data import train_dataset
+        from downpour.model import build_model, make_loss
+        from downpour.worker import gradient_kinds, worker_function
 
         config, cluster = self.config, self.cluster
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
@@ -171,7 +171,7 @@ class _Chief:
         self.model = build_model(config)
         spec = self.check_data()
         self.initial = [v.numpy() for v in self.model.trainable_variables]
-        # the variables and the optimizer on the ps tasks, created with no strategy in force (study.ps.variables)
+        # the variables and the optimizer on the ps tasks, created with no strategy in force (downpour.variables)
         self.ps = ps = PsVariables(self.model, config, ps_devices(config.ps))
         self.sparse = gradient_kinds(self.model, ps, config, spec)
         ps.prepare(self.sparse)
@@ -214,7 +214,7 @@ class _Chief:
         """Check both splits' specs, the test split (read here) and one batch on every worker (read from its disk)
         against the model's inputs; a ``ValueError`` with one line naming the files, the expected and the found
         shape. Returns the training data's ``(x, y)`` spec."""
-        from study.ps.data import check_split, check_workers, eval_arrays, split_files
+        from downpour.data import check_split, check_workers, eval_arrays, split_files
 
         config, model = self.config, self.model
         spec = check_split(model, config, "train")
@@ -231,7 +231,7 @@ class _Chief:
 
     def watch_workers(self) -> None:
         """Say once when a worker stops answering (its functions go to the others) and once when it is back."""
-        from study.ps.cluster import reachable
+        from downpour.cluster import reachable
 
         now = time.monotonic()
         if now - self.workers_checked < WORKER_POLL_S:
@@ -314,7 +314,7 @@ class _Chief:
             "started": float(value["started"]), "ended": float(value["ended"]), "returned_s": seconds})
 
     def _evaluate_into_curve(self, snapshots: list[tuple]) -> None:
-        from study.ps.model import evaluate
+        from downpour.model import evaluate
 
         assert self.ps is not None
         seeds = list(self.ps.initial_seed_state)

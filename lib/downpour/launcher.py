@@ -1,13 +1,12 @@
 """``run_downpour``: one job on a ``LocalCluster``, with faults injected and every restart done for you.
 
-The chief is ``python -m study.ps`` with the chief's ``TF_CONFIG``, like every task. Faults for experiments are
+The chief is ``python -m downpour`` with the chief's ``TF_CONFIG``, like every task. Faults for experiments are
 not part of the job: ``run_downpour(job, faults=Faults(worker_at=..., ps_at=..., chief_at=...))``. ``worker_at``
 kills worker 0 (a supervisor would start it again; the coordinator reconnects); ``ps_at`` kills a ps task (one
 that does not hold the update counter, when there are two), restarts it and the chief with ``--resume``;
-``chief_at`` kills the chief and restarts it with ``--resume``. A job that names no data trains the study's
-MNIST, written as IDX files into the run's temporary folder for ``study.ps.data:idx``.
+``chief_at`` kills the chief and restarts it with ``--resume``.
 
-``run_downpour(DownpourConfig(workers=2, ps=2, n_fetch=4, n_push=4, steps_per_function=8))``
+``run_downpour(DownpourConfig(data="downpour.data:idx", data_kwargs={"folder": "build/mnist"}, workers=2, ps=2))``
 """
 
 from __future__ import annotations
@@ -21,10 +20,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from study.ps.faults import EXIT_PS_LOST
-from study.ps.config import DownpourConfig
-from study.ps.local import LocalCluster
-from study.ps.result import DownpourResult
+from downpour.faults import EXIT_PS_LOST
+from downpour.config import DownpourConfig
+from downpour.local import LocalCluster
+from downpour.result import DownpourResult
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,7 @@ class Faults:
 
     def check(self, config: DownpourConfig) -> None:
         """A ``ValueError`` when the job cannot survive these faults (one worker; no checkpoints)."""
-        from freezing.validation import check_positive_int
+        from downpour.checks import check_positive_int
 
         for name in ("worker_at", "ps_at", "chief_at"):
             if getattr(self, name) is not None:
@@ -76,25 +75,21 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
-def _study_mnist(seed: int, folder: Path) -> dict[str, Any]:
-    """The study's MNIST as IDX files in ``folder``: the job's ``data`` and ``data_kwargs``."""
-    from study.ps.data import write_study_mnist
-
-    return {"data": "study.ps.data:idx", "data_kwargs": {"folder": str(write_study_mnist(folder, seed))}}
-
-
 def run_downpour(config: DownpourConfig, cluster: Any = None, timeout_s: float = 600.0,
                  faults: Faults | None = None) -> DownpourResult:
     """Run one job on a ``LocalCluster`` (a new one, or ``cluster`` with enough tasks) and return its measurements.
 
-    The chief is ``python -m study.ps`` with the chief's ``TF_CONFIG`` (the job's first ``ps`` and
+    The chief is ``python -m downpour`` with the chief's ``TF_CONFIG`` (the job's first ``ps`` and
     ``workers`` tasks). ``faults`` (``Faults``) are injected as the job runs (a ps kill waits until the counter is
     past the last checkpoint, so the kill loses updates that the restart must redo); every restart is done here.
     Tasks found dead are restarted before a job. A chief that fails ends this with a ``RuntimeError`` of one line
-    naming its log. ``run_downpour(DownpourConfig(workers=2, steps=200))``
+    naming its log. ``run_downpour(DownpourConfig(data="downpour.data:idx", data_kwargs={"folder": "m"}, workers=2))``
     """
     faults = faults if faults is not None else Faults()
     faults.check(config)
+    from downpour.data import dataset_function
+
+    dataset_function(config)  # a job that names no data, or data that cannot be imported: a ValueError now
     if cluster is None:
         with LocalCluster(config.workers, config.ps, start_timeout=config.start_timeout) as own:
             result = _launch(config, own, timeout_s, faults)
@@ -114,8 +109,7 @@ def _launch(config: DownpourConfig, cluster: Any, timeout_s: float, injected: Fa
             "worker": cluster.spec["worker"][:config.workers]}
     tasks = {f"{job}:{i}": cluster.processes[(job, i)].pid for job in ("ps", "worker") for i in range(len(spec[job]))}
     with tempfile.TemporaryDirectory(prefix="freezing-downpour-") as tmp:
-        data = {} if config.data is not None else _study_mnist(config.seed, Path(tmp) / "mnist")
-        job = asdict(dataclasses.replace(config, **data,
+        job = asdict(dataclasses.replace(config,
                                          checkpoint_dir=config.checkpoint_dir or str(Path(tmp) / "checkpoints")))
         job_path, out = Path(tmp) / "job.json", Path(tmp) / "result.json"
         progress = Path(f"{out}.progress.json")
@@ -213,7 +207,7 @@ def _launch(config: DownpourConfig, cluster: Any, timeout_s: float, injected: Fa
                 ps_down = None
                 chief = restart_chief()
                 continue
-            said = [line for line in cluster.log_tail("chief", 0, 4000).splitlines() if line.startswith("study.ps:")]
+            said = [line for line in cluster.log_tail("chief", 0, 4000).splitlines() if line.startswith("downpour:")]
             how = f"killed by signal {-code}" if code < 0 else f"exit {code}"
             last = said[-1] if said else f"it said nothing (full log: {cluster.full_log('chief', 0)})"
             raise RuntimeError(f"run_downpour: the chief failed ({how}): {last}")

@@ -1,6 +1,6 @@
 """What a job measured: ``DownpourResult``, typed, written by the chief as JSON (``--out``) and read back.
 
-``run_downpour`` returns one; ``python -m study.ps`` (chief) writes ``to_json()`` to ``--out``. The fields are
+``run_downpour`` returns one; ``python -m downpour`` (chief) writes ``to_json()`` to ``--out``. The fields are
 typed attributes (``r.applied_updates``); for code that reads results as dicts (the study's notebook and tables)
 a result is also a read-only mapping of its field names (``r["applied_updates"]``). ``FrozenReport`` says how many
 frozen entries there were and how many of their bits changed, per variable and per ps task.

@@ -1,10 +1,10 @@
 """A TensorFlow gRPC cluster: ``TF_CONFIG`` checks, reachability, and one server per ps or worker task.
 
 Every task of a parameter-server job (ps, worker, chief) starts with the same command, on this machine or on
-several; only ``TF_CONFIG`` differs (``python -m study.ps``, see ``study.ps.roles``)::
+several; only ``TF_CONFIG`` differs (``python -m downpour``, see ``downpour.roles``)::
 
     TF_CONFIG='{"cluster": {"chief": ["host0:2222"], "ps": ["host1:2222"], "worker": ["host2:2222"]},
-                "task": {"type": "worker", "index": 0}}' python -m study.ps
+                "task": {"type": "worker", "index": 0}}' python -m downpour
 
 Each worker computes on one core by default: ``intra_op_parallelism_threads=1`` and, where the OS allows it,
 ``os.sched_setaffinity`` to core ``index % cores``. Without that limit every worker's runtime spreads its
@@ -14,7 +14,7 @@ applies updates on ``ps_threads`` intra-op threads (default 1).
 **Security.** A TensorFlow server speaks unauthenticated gRPC and runs any graph it is sent (TensorFlow's
 SECURITY.md): whoever reaches its port can read and write every variable and run code in the task. TensorFlow
 2.21's server listens on every interface of its port, IPv4 and IPv6 (``grpc_server_lib.cc`` binds ``[::]``);
-``study.ps.bind`` restricts it to one address. Run a cluster on a private network only.
+``downpour.bind`` restricts it to one address. Run a cluster on a private network only.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any
 JOBS = ("chief", "ps", "worker")
 """The jobs of a parameter-server cluster. TensorFlow also knows ``evaluator``; here the chief evaluates
 snapshots itself (``eval_every``), so a ``TF_CONFIG`` that names an evaluator is refused."""
-ENTRY_POINT = ("-m", "study.ps")
-"""What ``LocalCluster`` runs for every task: ``python -m study.ps`` with the task's ``TF_CONFIG``."""
+ENTRY_POINT = ("-m", "downpour")
+"""What ``LocalCluster`` runs for every task: ``python -m downpour`` with the task's ``TF_CONFIG``."""
 
 
 def parse_tf_config(text: str | None = None) -> dict[str, Any]:
@@ -49,7 +49,7 @@ def parse_tf_config(text: str | None = None) -> dict[str, Any]:
         raise ValueError("TF_CONFIG: 'cluster' must map job names (worker, ps, ...) to lists of 'host:port'")
     for job, addresses in cluster.items():
         if job == "evaluator":
-            raise ValueError("TF_CONFIG: study.ps has no evaluator task (the chief evaluates snapshots of the ps "
+            raise ValueError("TF_CONFIG: downpour has no evaluator task (the chief evaluates snapshots of the ps "
                              "itself, every eval_every updates); remove 'evaluator' from the cluster")
         if job not in JOBS:
             raise ValueError(f"TF_CONFIG: unknown job {job!r}; allowed: {', '.join(JOBS)}")
@@ -123,7 +123,7 @@ def wait_for_tasks(cluster: dict[str, list[str]], timeout: float, jobs: tuple[st
         if time.monotonic() > deadline:
             names = ", ".join(f"{name} ({a})" for name, a in waiting.items())
             raise TimeoutError(f"cluster: {names} not reachable after {timeout:g} s; start those tasks "
-                               f"(python -m study.ps with their TF_CONFIG) or fix the addresses")
+                               f"(python -m downpour with their TF_CONFIG) or fix the addresses")
         time.sleep(0.2)
 
 
@@ -165,12 +165,12 @@ def serve(config: dict[str, Any] | None = None, orphan_guard: bool = False, work
 
     A worker computes on ``worker_threads`` intra-op threads and, with ``pin`` and one thread, on one core; a ps
     task on ``ps_threads``. ``bind``: the address the task must listen on, checked once it listens
-    (``study.ps.bind``; the process must have been started with ``study.ps.bind.environment``).
+    (``downpour.bind``; the process must have been started with ``downpour.bind.environment``).
     ``orphan_guard`` (set by ``LocalCluster``) ends the task when its launcher dies. Prints ``serving <job>:<i>
     at grpc://...; listening on ...``; then ``say`` s one line each time the chief's address stops answering
     (the chief finished or was lost). Raises ``ServeError`` when the server cannot start (a port in use).
     """
-    from study.ps import bind as bind_address
+    from downpour import bind as bind_address
 
     config = config or parse_tf_config()
     job, index = config["task"]["type"], config["task"]["index"]
@@ -218,7 +218,7 @@ def serve(config: dict[str, Any] | None = None, orphan_guard: bool = False, work
 
 def listening_elsewhere(port: int) -> bool:
     """Whether another process listens on TCP ``port`` here (any address). ``listening_elsewhere(22)``"""
-    from study.ps import bind as bind_address
+    from downpour import bind as bind_address
 
     return bool(bind_address.listening(port)) or reachable(f"localhost:{port}", timeout=0.2)
 

@@ -8,15 +8,12 @@ sample passes through it and none becomes a graph constant (``dataset_graph_byte
 the graph is). A function that also takes ``worker`` and ``workers`` shards the training data itself (for
 example one file per worker); otherwise every worker keeps every ``workers``-th element.
 
-``idx`` reads MNIST's IDX format; ``write_idx`` writes it, and ``python -m study.ps.data FOLDER`` writes the
-study's MNIST there (``run_downpour`` does this when a job names no data).
+``idx`` reads MNIST's IDX format; ``write_idx`` writes it.
 """
 
 from __future__ import annotations
 
-import argparse
 import inspect
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from study.ps.config import DownpourConfig, load_callable
+from downpour.config import DownpourConfig, load_callable
 
 IDX_NAMES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
              "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
@@ -70,20 +67,11 @@ def write_idx(folder: str | Path, x_train: Any, y_train: Any, x_test: Any, y_tes
     return folder
 
 
-def write_study_mnist(folder: str | Path, seed: int = 0) -> Path:
-    """The study's MNIST (``study.data.load_mnist(seed=seed)``: train and test splits) as IDX files in ``folder``."""
-    from study.data import load_mnist
-
-    d = load_mnist(seed=seed)
-    return write_idx(folder, d.x_train, d.y_train, d.x_test, d.y_test)
-
-
 def dataset_function(config: DownpourConfig) -> Any:
     """The job's dataset function, with its keyword arguments bound; a ``ValueError`` when the job names none."""
     if config.data is None:
         raise ValueError("data: the job names no dataset function; give 'module:function' (for example "
-                         "'study.ps.data:idx' with data_kwargs {'folder': ...}; `python -m study.ps.data FOLDER` "
-                         "writes the study's MNIST there), or start the job with run_downpour, which does that")
+                         "'downpour.data:idx' with data_kwargs {'folder': ...}, a folder of MNIST's IDX files)")
     fn = load_callable(config.data, "data")
     kwargs = dict(config.data_kwargs)
     return lambda split, **more: fn(split, **kwargs, **more)
@@ -304,7 +292,7 @@ def check_workers(model: Any, config: DownpourConfig, workers: int) -> None:
     shape that does not fit)."""
     import tensorflow as tf
 
-    from study.ps.faults import first_line
+    from downpour.faults import first_line
 
     shard = worker_shard(config)
     dtypes = tf.nest.map_structure(lambda s: s.dtype.name, element_spec(config)[0])
@@ -328,18 +316,3 @@ def check_workers(model: Any, config: DownpourConfig, workers: int) -> None:
         problem = mismatch(model, found, f"data: worker:{worker} reads {files}, which")
         if problem:
             raise ValueError(problem)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m study.ps.data FOLDER [--seed N]``: write the study's MNIST as IDX files into FOLDER."""
-    parser = argparse.ArgumentParser(prog="python -m study.ps.data", description=main.__doc__)
-    parser.add_argument("folder")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    folder = write_study_mnist(args.folder, args.seed)
-    print(f"wrote {', '.join(n for pair in IDX_NAMES.values() for n in pair)} into {folder}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

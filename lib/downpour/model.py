@@ -1,7 +1,7 @@
 """The job's Keras model and loss, built the same way in every process, and evaluation on values.
 
 Workers never touch the model's own variables: they run ``keras.Model.stateless_call`` on values fetched from
-the ps (``study.ps.variables``). The chief evaluates snapshots the same way.
+the ps (``downpour.variables``). The chief evaluates snapshots the same way.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from study.ps.config import DownpourConfig, load_callable
+from downpour.config import DownpourConfig, load_callable
 
 
 def build_model(config: DownpourConfig, input_shape: Sequence[int | None] | None = None) -> Any:
@@ -22,7 +22,7 @@ def build_model(config: DownpourConfig, input_shape: Sequence[int | None] | None
     import keras
     import tensorflow as tf
 
-    from study.ps.data import element_spec
+    from downpour.data import element_spec
 
     keras.utils.set_random_seed(config.seed)
     model = load_callable(config.model, "model")(**config.model_kwargs)

@@ -4,7 +4,7 @@ The chief builds the job's Keras model once and copies its values into plain ``t
 ``tf.device`` of the ps task that holds it, with no ``tf.distribute`` strategy in force (the strategy only
 schedules the workers' functions and their datasets). A variable of at least ``shard_min_bytes`` is split along
 axis 0 over the ps tasks (``MinSizePartitioner``'s count; shard ``j`` on task ``j``); smaller ones go round
-robin. Workers fetch values and push gradients inside the scheduled function (``study.ps.worker``); nothing else
+robin. Workers fetch values and push gradients inside the scheduled function (``downpour.worker``); nothing else
 moves.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from study.ps import sparse as sp
-from study.ps.config import DownpourConfig
-from study.ps.optimizer import PsOptimizer, resolve_masks, short
+from downpour import sparse as sp
+from downpour.config import DownpourConfig
+from downpour.optimizer import PsOptimizer, resolve_masks, short
 
 INT64_MAX = 2 ** 63 - 1
 

@@ -1,10 +1,10 @@
 """``LocalCluster``: every task of a parameter-server cluster as a child process on this machine.
 
-``LocalCluster`` starts exactly the command a task runs on any machine (``python -m study.ps`` with its
+``LocalCluster`` starts exactly the command a task runs on any machine (``python -m downpour`` with its
 ``TF_CONFIG``), one process per task, and always ends them, on error and on interrupt too: a
 ``tf.distribute.Server`` cannot be shut down from inside its process. ``GRPC_FAIL_FAST=use_caller`` is set for
 every task, as the TensorFlow tutorial does. With ``bind="auto"`` (default) every task listens on 127.0.0.1 only
-(``study.ps.bind``, Linux with a C compiler); where that cannot be enforced ``LocalCluster`` refuses to start,
+(``downpour.bind``, Linux with a C compiler); where that cannot be enforced ``LocalCluster`` refuses to start,
 naming why, unless ``bind=None`` accepts TensorFlow's default of every interface. Each task's terminal output
 (its one-line messages) goes to ``<logs>/<job><index>.log``, the rest of its output (TensorFlow's) to
 ``<logs>/<job>-<index>-<port>.log``.
@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from study.ps import bind as bind_address
-from study.ps.cluster import ENTRY_POINT
+from downpour import bind as bind_address
+from downpour.cluster import ENTRY_POINT
 
 
 def free_ports(n: int) -> list[int]:
@@ -54,7 +54,7 @@ class LocalCluster:
 
     ``with LocalCluster(workers=2, ps=1) as cluster: cluster.spec`` -> ``{"chief": [..], "ps": [..], "worker": [..]}``.
 
-    On enter it starts every ps and worker task (``python -m study.ps`` with its ``TF_CONFIG``) and waits
+    On enter it starts every ps and worker task (``python -m downpour`` with its ``TF_CONFIG``) and waits
     until they listen. The chief's address is reserved in the spec; ``start_chief(args)`` runs the coordinator
     through the same entry point. ``kill`` and ``restart`` are for fault experiments. ``bind``: ``"auto"``
     (127.0.0.1, else a ``BindError`` saying why it cannot be enforced), an address, or None (TensorFlow's
@@ -63,7 +63,7 @@ class LocalCluster:
 
     def __init__(self, workers: int = 1, ps: int = 1, ports: list[int] | None = None, start_timeout: float = 60.0,
                  worker_threads: int = 1, pin_workers: bool = True, bind: str | None = "auto", ps_threads: int = 1):
-        from freezing.validation import check_positive_int
+        from downpour.checks import check_positive_int
 
         check_positive_int("workers", workers)
         check_positive_int("ps", ps)
@@ -173,7 +173,7 @@ class LocalCluster:
             return False
 
     def start_chief(self, args: tuple[str, ...], spec: dict[str, list[str]] | None = None) -> subprocess.Popen:
-        """Start the coordinator: ``python -m study.ps ARGS`` with the chief's ``TF_CONFIG``.
+        """Start the coordinator: ``python -m downpour ARGS`` with the chief's ``TF_CONFIG``.
 
         ``spec`` may name a subset of the ps and worker tasks (a job on fewer tasks).
         ``cluster.start_chief(("--job", path))``
@@ -207,7 +207,7 @@ class LocalCluster:
 
     def full_log(self, job: str, index: int) -> Path:
         """The file with the rest of one task's output (TensorFlow's, tracebacks). ``cluster.full_log("ps", 0)``"""
-        from study.ps.console import log_name
+        from downpour.console import log_name
 
         return self.logs / log_name(job, index, self.spec[job][index].rpartition(":")[2])
 

@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from study.ps.config import DownpourConfig, load_callable
-from study.ps.model import make_loss
-from study.ps.variables import PsVariables
+from downpour.config import DownpourConfig, load_callable
+from downpour.model import make_loss
+from downpour.variables import PsVariables
 
 
 def gradient_kinds(model: Any, ps: PsVariables, config: DownpourConfig, element_spec: Any) -> list[bool]:
@@ -62,7 +62,7 @@ def worker_function(model: Any, ps: PsVariables, config: DownpourConfig, worker_
     """
     import tensorflow as tf
 
-    from study.ps import sparse as sp
+    from downpour import sparse as sp
 
     loss_fn = make_loss(config)
     transform = None
@@ -71,7 +71,7 @@ def worker_function(model: Any, ps: PsVariables, config: DownpourConfig, worker_
         kwargs = dict(config.transform_kwargs)
         transform = (lambda g: hook(g, **kwargs)) if kwargs else hook
     lr = config.local_lr
-    from study.ps.data import shards_itself
+    from downpour.data import shards_itself
 
     check_shards = not shards_itself(config)
     masks = {i: keep for i, keep in ps.masks.items()}  # constants of the function: sent once with it
@@ -136,8 +136,8 @@ def local_steps_per_s(config: DownpourConfig, functions: int = 8, repeats: int =
         limits += f", pinned to core {core}"
     import tensorflow as tf
 
-    from study.ps.data import element_spec, train_dataset
-    from study.ps.model import build_model
+    from downpour.data import element_spec, train_dataset
+    from downpour.model import build_model
 
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(4)

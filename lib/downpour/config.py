@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from freezing.validation import check_choice, check_positive_int, check_range
+from downpour.checks import check_choice, check_positive_int, check_range
 
 DOWNPOUR_OPTIMIZERS = ("sgd", "adagrad")
 """Downpour's own update rules, applied next to each shard: ``v -= lr*T(g)`` and DistBelief's Adagrad."""
@@ -28,13 +28,13 @@ dict ``{"class_name": "SGD", "config": {"momentum": 0.9}}``)."""
 MASK_POLICIES = ("hold", "reset", "none")
 """``freezing.MaskedOptimizer``'s policies (``"hold"``: frozen entries and their optimizer state keep their bits)."""
 FAULT_FIELDS = ("kill_worker_at", "kill_ps_at", "kill_chief_at")
-"""Fault injection is not part of a job: ``run_downpour(job, faults=Faults(...))`` (``study.ps.launcher``)."""
+"""Fault injection is not part of a job: ``run_downpour(job, faults=Faults(...))`` (``downpour.launcher``)."""
 
 
 def load_callable(spec: str, name: str) -> Callable[..., Any]:
     """Import ``"module:function"`` and return the function, else a ``ValueError`` naming ``name``.
 
-    ``load_callable("study.models:deep_mnist_cnn", "model")``
+    ``load_callable("downpour.examples:mnist_mlp", "model")``
     """
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
         raise ValueError(f"{name}: expected 'module:function' (an importable callable); got {spec!r}")
@@ -104,8 +104,8 @@ class DownpourConfig:
       when it runs (``FixedLengthRecordDataset``, ``TFRecordDataset``, ``CsvDataset``...), so that each worker
       reads them from its own disk. ``x`` and ``y`` may be tensors or dicts / lists of tensors (a model with
       several inputs or outputs); they are checked against the model's inputs before training. When it also takes ``worker`` and ``workers`` it shards the training data
-      itself; else every worker keeps every ``workers``-th element. None: the study's MNIST (``run_downpour``
-      writes it as IDX files for ``study.ps.data:idx``).
+      itself; else every worker keeps every ``workers``-th element. A job must name one; ``downpour.data:idx``
+      reads MNIST's IDX files (``data_kwargs={"folder": ...}``).
     * ``loss``: None (sparse categorical cross-entropy, ``from_logits``), a Keras loss name or config dict, or a
       ``"module:function"`` of ``(y_true, y_pred)``.
     * ``optimizer`` on the ps: ``"sgd"`` (Downpour's ``v -= lr*T(g)``, the default) or ``"adagrad"`` (DistBelief's
@@ -122,7 +122,7 @@ class DownpourConfig:
     Faults for experiments are not part of a job: ``run_downpour(job, faults=Faults(...))``.
     """
 
-    model: str = "study.models:deep_mnist_cnn"
+    model: str = "downpour.examples:mnist_mlp"
     model_kwargs: dict = field(default_factory=dict)
     data: str | None = None
     data_kwargs: dict = field(default_factory=dict)

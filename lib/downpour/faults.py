@@ -62,7 +62,7 @@ def lost_ps_tasks(error: BaseException, ps_addresses: list[str], probe: Callable
     times, half a second apart, so a task that is merely slow is not declared lost.
     ``lost_ps_tasks(e, ["localhost:2221", "localhost:2222"])``
     """
-    from study.ps.cluster import reachable
+    from downpour.cluster import reachable
 
     if not any(isinstance(e, connection_errors()) for e in error_chain(error)):
         return []
