@@ -15,6 +15,7 @@ Every task is one command, ``python -m downpour`` with its ``TF_CONFIG`` (``down
 Modules, each importing only those listed before it:
 
 * ``checks``       argument checks with one message each (no dependencies)
+* ``jsonio``       files written whole or not at all, JSON read back (no dependencies; the study's reports too)
 * ``config``       the job, ``DownpourConfig``: plain data, validated; ``"module:function"`` hooks
 * ``bind``         listen on one address (TensorFlow alone listens on every interface); the checked shim
 * ``console``      one line per event in the terminal, TensorFlow's output in a log file; Ctrl-C
@@ -46,7 +47,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-MODULES = ("downpour.checks", "downpour.config", "downpour.bind", "downpour.console", "downpour.cluster",
+MODULES = ("downpour.checks", "downpour.jsonio", "downpour.config", "downpour.bind", "downpour.console", "downpour.cluster",
            "downpour.faults", "downpour.checkpoints", "downpour.local", "downpour.data", "downpour.sparse",
            "downpour.model", "downpour.optimizer", "downpour.variables", "downpour.result", "downpour.worker",
            "downpour.chief", "downpour.launcher", "downpour.roles", "downpour.__main__", "downpour.examples")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from downpour.faults import EXIT_PS_LOST
+from downpour.jsonio import read_json
 from downpour.config import DownpourConfig
 from downpour.local import LocalCluster
 from downpour.result import DownpourResult
@@ -133,7 +134,7 @@ def _launch(config: DownpourConfig, cluster: Any, timeout_s: float, injected: Fa
         while True:
             # while a killed chief waits to be seen gone, it is not the job's chief: its exit code tells nothing
             code = None if pending is not None and pending["job"] == "chief" else chief.poll()
-            state = _read_json(progress)
+            state = read_json(progress, {})
             if cpu_steady is None and state.get("steady") and not events:
                 cpu_steady = {name: cpu_seconds(pid) for name, pid in tasks.items()}
             if cpu_finished is None and state.get("finished") and not events:
@@ -171,7 +172,7 @@ def _launch(config: DownpourConfig, cluster: Any, timeout_s: float, injected: Fa
                     cluster.kill(job_name, index)
                     if job_name == "chief":
                         # the killed chief may have written a checkpoint after the progress file was read
-                        event["checkpoint_version"] = _read_json(Path(job["checkpoint_dir"]) / "latest.json").get(
+                        event["checkpoint_version"] = read_json(Path(job["checkpoint_dir"]) / "latest.json", {}).get(
                             "version", event["checkpoint_version"])
                         event["restarted"] = "chief --resume"
                     elif job_name == "worker":
@@ -235,11 +236,3 @@ def _acknowledged(pending: dict[str, Any], state: dict[str, Any], cluster: Any, 
     if pending["job"] == "worker":
         return f"worker:{pending['index']}" in state.get("workers_lost", [])
     return all("has gone" in cluster.said("ps", i, since=pending["mark"]) for i in range(len(spec["ps"])))
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    """The chief's progress file, or ``{}`` while it does not exist yet."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}

@@ -72,6 +72,26 @@ def test_the_package_needs_tensorflow_keras_numpy_and_freezing_only():
     assert re.fullmatch(r"\d+\.\d+\.\d+", downpour.__version__)
 
 
+def test_the_dependency_free_modules_examples_run_and_a_failed_write_leaves_the_old_file(tmp_path):
+    import doctest
+
+    from downpour import checks, jsonio
+
+    for module in (checks, jsonio):
+        failed, tried = doctest.testmod(module)
+        assert tried > 0 and failed == 0, module.__name__
+    target = tmp_path / "a.json"
+    jsonio.write_json_atomic(target, {"v": 1})
+
+    def broken(tmp: str) -> None:
+        Path(tmp).write_text('{"v": 2')
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        jsonio.atomic_write(target, broken)
+    assert jsonio.read_json(target) == {"v": 1} and [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
 def test_a_ps_or_worker_task_loads_no_keras_and_the_old_modules_are_gone():
     code = "import sys, downpour.roles, downpour.cluster; print('keras' in sys.modules)"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
