@@ -77,7 +77,11 @@ def _tokens_job(folder: str, **changes) -> dict:
 
 @pytest.fixture
 def section(cluster):
-    """Where every task's log of the module's cluster ends as the test starts: the test reads only its own part."""
+    """Where every task's log of the module's cluster ends as the test starts: the test reads only its own part.
+    The last test's chief is gone, and each task had time to say so (it looks once a second), before the mark."""
+    if ("chief", 0) in cluster.processes:
+        cluster.kill("chief", 0)
+    time.sleep(3)
     return cluster.mark()
 
 
@@ -174,7 +178,7 @@ def test_deep_mnist_cnn_on_two_workers_and_two_sharded_ps_tasks(cluster, mnist_f
 
 @pytest.mark.slow
 @pytest.mark.cluster
-def test_another_architecture_on_one_worker_is_plain_async_sgd_with_zero_staleness(cluster, mnist_files):
+def test_another_architecture_on_one_worker_is_plain_async_sgd_with_zero_staleness(cluster, mnist_files, section):
     config = DownpourConfig(model=MLP, **_mnist(mnist_files), model_kwargs={"hidden": 64}, workers=1, ps=2, steps=48,
                             steps_per_function=4, learning_rate=0.1, eval_every=16, transform="downpour.examples:decay",
                             transform_kwargs={"factor": 1.0})
@@ -185,6 +189,16 @@ def test_another_architecture_on_one_worker_is_plain_async_sgd_with_zero_stalene
     assert seen[0] == 0 and seen[-1] == 48 and seen == sorted(set(seen)) and all(v >= 16 * i for i, v in enumerate(seen))
     assert r["curve"][-1]["accuracy"] > 0.5 > r["curve"][0]["accuracy"]
     assert any(row["variable"].endswith("bn1/moving_mean") for row in r["placement"])  # non-trainable state on the ps
+    # the chief finished its job: each ps task says so (it looks once a second), not that the chief has gone
+    deadline, last = time.monotonic() + 60, {}
+    while time.monotonic() < deadline and len(last) < 2:
+        for i in (0, 1):
+            said = [line for line in _said(cluster.said("ps", i, since=section)) if "the chief" in line]
+            if said:
+                last[i] = said[-1]
+        time.sleep(0.5)
+    assert set(last) == {0, 1} and all(line.startswith(f"downpour: ps:{i}: the chief (") and line.endswith(
+        "finished its job; this task keeps serving, for the next job's chief") for i, line in last.items()), last
 
 
 @pytest.mark.slow
@@ -209,7 +223,8 @@ def test_a_killed_worker_chief_and_ps_task_each_say_one_line_and_every_update_is
         said[1] and said[1].endswith(f"(full log: {cluster.full_log('chief', 0)})"), said
     assert "E0000" not in log and "Traceback" not in log  # TensorFlow's error text is in the log file only
     gone = [line for line in _said(cluster.said("ps", 0, since=section)) if "the chief" in line]
-    assert gone and "has gone (finished, or lost); this task keeps serving" in gone[0], gone
+    assert any("has gone before the end of its job (lost, or stopped); this task keeps serving" in line
+               for line in gone), gone  # the killed chief (the launcher waited for this line)
     # a killed chief or ps: the job restarts the chief, which restores the last checkpoint
     resumed = [a for a in r["attempts"] if a["resumed"]]
     assert [a["restored_version"] for a in resumed] == [chief["checkpoint_version"], ps["checkpoint_version"]]

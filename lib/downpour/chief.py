@@ -85,6 +85,7 @@ def run_chief(config: DownpourConfig, cluster: dict[str, list[str]], out: str | 
             write_json_atomic(out, result.to_json())
     except Exception as e:  # noqa: BLE001
         return _failed(trainer, e, cluster, say, where)
+    trainer.tell_tasks_finished()
     print(f"chief: done, {result.applied_updates} updates in {result.seconds:.1f} s", flush=True)
     return faults.EXIT_OK
 
@@ -153,6 +154,31 @@ class _Chief:
         except OSError:
             pass
         return failure
+
+    def tell_tasks_finished(self) -> None:
+        """Write ``CHIEF_FINISHED`` into every ps and worker task's log (a ``tf.print`` run on each task), so that
+        each says "the chief finished" when this process ends, not that it has gone; a task it cannot reach is
+        skipped (it will say the chief has gone)."""
+        import tensorflow as tf
+
+        from downpour.cluster import CHIEF_FINISHED, reachable
+
+        for job in ("ps", "worker"):
+            for i, address in enumerate(self.cluster[job]):
+                if not reachable(address, timeout=0.5):  # a call to a task that is gone could wait a long time
+                    continue
+                device = f"/job:{job}/replica:0/task:{i}/device:CPU:0"
+
+                @tf.function
+                def mark() -> Any:
+                    with tf.device(device):
+                        tf.print(CHIEF_FINISHED, output_stream=sys.stderr)  # the task's standard error: its log
+                    return tf.constant(0)
+
+                try:
+                    mark().numpy()  # waits until the task has printed it
+                except Exception:  # noqa: BLE001 - a task that is gone cannot be told
+                    pass
 
     def set_up(self, resume: bool) -> None:
         """Connect, check the data against the model, put the variables on the ps, restore a checkpoint

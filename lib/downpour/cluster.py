@@ -24,6 +24,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 JOBS = ("chief", "ps", "worker")
@@ -155,20 +156,31 @@ def server_config(job: str, workers: int, worker_threads: int = 1, ps_threads: i
 
 
 class ServeError(RuntimeError):
-    """A ps or worker task cannot serve (its port is in use, its server does not start); the message says which."""
+    """A ps or worker task cannot serve (its server does not start); the message says why."""
+
+
+class PortInUse(ServeError):
+    """A ps or worker task cannot listen: another process holds its port (exit code 5, ``faults.EXIT_PORT_IN_USE``)."""
+
+
+CHIEF_FINISHED = "==== downpour: the chief finished its job ===="
+"""What a chief that finished its job writes into every ps and worker task's log (a ``tf.print`` placed on the
+task) before it exits, so that the task tells a finished chief from a lost one."""
 
 
 def serve(config: dict[str, Any] | None = None, orphan_guard: bool = False, worker_threads: int = 1,
           pin: bool = True, bind: str | None = None, ps_threads: int = 1,
-          say: Callable[[str], None] = print, chief_poll_s: float = 1.0) -> None:
+          say: Callable[[str], None] = print, chief_poll_s: float = 1.0, log: Path | None = None) -> None:
     """Run one ps or worker task's ``tf.distribute.Server`` until the process is ended. ``serve(parse_tf_config())``
 
     A worker computes on ``worker_threads`` intra-op threads and, with ``pin`` and one thread, on one core; a ps
     task on ``ps_threads``. ``bind``: the address the task must listen on, checked once it listens
     (``downpour.bind``; the process must have been started with ``downpour.bind.environment``).
     ``orphan_guard`` (set by ``LocalCluster``) ends the task when its launcher dies. Prints ``serving <job>:<i>
-    at grpc://...; listening on ...``; then ``say`` s one line each time the chief's address stops answering
-    (the chief finished or was lost). Raises ``ServeError`` when the server cannot start (a port in use).
+    at grpc://...; listening on ...``; then ``say`` s one line each time the chief's address stops answering: the
+    chief finished its job (it wrote ``CHIEF_FINISHED`` into ``log``, this task's log file, since it came up), or
+    it has gone before the end (lost, or stopped). Raises ``PortInUse`` when another process holds the port, ``ServeError`` when
+    the server cannot start for another reason.
     """
     from downpour import bind as bind_address
 
@@ -192,7 +204,7 @@ def serve(config: dict[str, Any] | None = None, orphan_guard: bool = False, work
                                       config=server_config(job, workers, worker_threads, ps_threads))
     except (tf.errors.OpError, RuntimeError, ValueError) as e:
         if listening_elsewhere(port):
-            raise ServeError(f"{job}:{index} cannot listen on port {port} ({address}): the port is in use by another "
+            raise PortInUse(f"{job}:{index} cannot listen on port {port} ({address}): the port is in use by another "
                              "process; stop it or give this task another port in TF_CONFIG") from None
         raise ServeError(f"{job}:{index} cannot start its server on {address}: "
                          f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
@@ -203,17 +215,42 @@ def serve(config: dict[str, Any] | None = None, orphan_guard: bool = False, work
     if orphan_guard:
         exit_with_parent()
     chief = (config["cluster"].get("chief") or [None])[0]
-    seen = False
+    seen, since = False, 0
     while True:  # instead of server.join(), which never returns to Python: the chief is watched from here
         time.sleep(chief_poll_s)
         if chief is None:
             continue
         up = reachable(chief, timeout=min(0.5, chief_poll_s))
+        if up and not seen:  # a chief (a new one, maybe): what it writes into this task's log starts here
+            since = _size(log)
         if seen and not up:
-            say(f"{job}:{index}: the chief ({chief}) has gone (finished, or lost); this task keeps serving: start "
-                "the chief again, with --resume to continue from its last checkpoint")
+            if CHIEF_FINISHED in _read_from(log, since):
+                say(f"{job}:{index}: the chief ({chief}) finished its job; this task keeps serving, for the next "
+                    "job's chief")
+            else:
+                say(f"{job}:{index}: the chief ({chief}) has gone before the end of its job (lost, or stopped); this "
+                    "task keeps serving: start the chief again, with --resume to continue from its last checkpoint")
         seen = up
     del server  # pragma: no cover - the loop ends only with the process
+
+
+def _size(path: Path | None) -> int:
+    try:
+        return path.stat().st_size if path is not None else 0
+    except OSError:
+        return 0
+
+
+def _read_from(path: Path | None, offset: int) -> str:
+    """What was written to ``path`` after its first ``offset`` bytes ("" without a log)."""
+    if path is None:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def listening_elsewhere(port: int) -> bool:

@@ -23,6 +23,9 @@ EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3
 EXIT_RESUME_REFUSED = 4
 """``--resume`` found a checkpoint and sidecar that disagree; nothing was trained."""
+EXIT_PORT_IN_USE = 5
+"""A ps or worker task cannot listen: its port is in use by another process (stop it, or give the task another
+port in ``TF_CONFIG``)."""
 EXIT_PS_LOST = 75
 """A ps task was lost: restart it, then the chief with ``--resume`` (``EX_TEMPFAIL``)."""
 

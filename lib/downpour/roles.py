@@ -19,9 +19,9 @@ Every task prints its own messages, one line each, to the terminal, and everythi
 tracebacks) to its log file in ``--log-dir``, which every error message names (``downpour.console``).
 
 Exit codes (``downpour.faults``): 0 done; 1 the chief failed (one line; the traceback is in the log file); 2 bad
-``TF_CONFIG``, flag, job or data file, or a port in use; 3 tasks unreachable; 4 ``--resume`` refused (checkpoint
-and sidecar disagree); 75 a ps task was lost (restart it, then the chief with ``--resume``); 130 stopped by
-Ctrl-C (SIGINT).
+``TF_CONFIG``, flag, job or data file; 3 tasks unreachable; 4 ``--resume`` refused (checkpoint and sidecar
+disagree); 5 a ps or worker task's port is in use; 75 a ps task was lost (restart it, then the chief with
+``--resume``); 130 stopped by Ctrl-C (SIGINT).
 """
 
 from __future__ import annotations
@@ -127,16 +127,17 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args: argparse.Namespace, config: dict, console: Console) -> int:
     """A ps or worker task: serve until the process is ended (Ctrl-C: exit 130)."""
     from downpour import bind
-    from downpour.cluster import ServeError, serve
+    from downpour.cluster import PortInUse, ServeError, serve
 
     try:
         serve(config, orphan_guard=args.local, worker_threads=args.worker_threads, pin=not args.no_pin,
               bind=args.bind and bind.check_address(args.bind), ps_threads=args.ps_threads,
-              say=console.say)
+              say=console.say, log=console.log)
     except (bind.BindError, ServeError) as e:
         console.say(f"{e}{console.where()}")
         sys.stdout.flush()
-        os._exit(faults.EXIT_BAD_INPUT)  # the server's threads would keep a normal exit waiting
+        # the server's threads would keep a normal exit waiting
+        os._exit(faults.EXIT_PORT_IN_USE if isinstance(e, PortInUse) else faults.EXIT_BAD_INPUT)
     return faults.EXIT_OK
 
 

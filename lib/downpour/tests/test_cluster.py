@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from downpour import bind
+from downpour import bind, faults
 from downpour.cluster import parse_tf_config, wait_for_tasks
 from downpour.local import LocalCluster, free_ports, port_in_use
 
@@ -202,7 +202,7 @@ def test_a_port_in_use_gives_one_line_naming_the_port_and_the_task_and_the_log_f
         process = _task("ps", spec, tmp_path)
         out, _ = process.communicate(timeout=120)
     lines = [line for line in out.splitlines() if line.strip()]
-    assert process.returncode == 2
+    assert process.returncode == faults.EXIT_PORT_IN_USE == 5  # its own code, not a bad argument's 2
     assert lines == [f"downpour: ps:0 cannot listen on port {port} (localhost:{port}): the port is in use by another "
                      f"process; stop it or give this task another port in TF_CONFIG (full log: "
                      f"{tmp_path}/ps-0-{port}.log)"], out
