@@ -33,9 +33,11 @@ MLP = "downpour.examples:mnist_mlp"
 
 
 @pytest.fixture(scope="module")
-def cluster(alive_pids):
+def cluster(alive_pids, request):
+    failed = request.session.testsfailed
     with LocalCluster(workers=2, ps=2, start_timeout=180) as c:
         yield c
+        c.keep_logs = request.session.testsfailed > failed  # the failures' messages name files in c.logs
     alive_pids.extend(c.pids)
 
 

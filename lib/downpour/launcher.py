@@ -109,7 +109,7 @@ def _launch(config: DownpourConfig, cluster: Any, timeout_s: float, injected: Fa
     spec = {"chief": cluster.spec["chief"], "ps": cluster.spec["ps"][:config.ps],
             "worker": cluster.spec["worker"][:config.workers]}
     tasks = {f"{job}:{i}": cluster.processes[(job, i)].pid for job in ("ps", "worker") for i in range(len(spec[job]))}
-    with tempfile.TemporaryDirectory(prefix="freezing-downpour-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="downpour-job-") as tmp:
         job = asdict(dataclasses.replace(config,
                                          checkpoint_dir=config.checkpoint_dir or str(Path(tmp) / "checkpoints")))
         job_path, out = Path(tmp) / "job.json", Path(tmp) / "result.json"
@@ -187,6 +187,7 @@ def _launch(config: DownpourConfig, cluster: Any, timeout_s: float, injected: Fa
                     cluster.kill("chief", 0)  # it did not notice the lost ps in time; treat it as lost anyway
                     continue
                 if time.monotonic() - started > timeout_s:
+                    cluster.keep_logs = True  # the message names them
                     raise TimeoutError(f"run_downpour: the job did not finish within {timeout_s:g} s; "
                                        f"chief log: {cluster.log_tail('chief', 0)}")
                 time.sleep(0.1)
@@ -211,6 +212,7 @@ def _launch(config: DownpourConfig, cluster: Any, timeout_s: float, injected: Fa
             said = [line for line in cluster.log_tail("chief", 0, 4000).splitlines() if line.startswith("downpour:")]
             how = f"killed by signal {-code}" if code < 0 else f"exit {code}"
             last = said[-1] if said else f"it said nothing (full log: {cluster.full_log('chief', 0)})"
+            cluster.keep_logs = True  # the message names them
             raise RuntimeError(f"run_downpour: the chief failed ({how}): {last}")
         result = DownpourResult.from_dict(json.loads(out.read_text()))
     cpu_after = {name: cpu_seconds(pid) for name, pid in tasks.items()}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -59,10 +60,15 @@ class LocalCluster:
     through the same entry point. ``kill`` and ``restart`` are for fault experiments. ``bind``: ``"auto"``
     (127.0.0.1, else a ``BindError`` saying why it cannot be enforced), an address, or None (TensorFlow's
     default: every interface, IPv4 and IPv6). ``ps_threads``: intra-op threads of each ps task.
+
+    The tasks' logs go to a temporary folder, ``logs``, removed by ``stop()`` unless something failed: an error in
+    the ``with`` body or at start (its message then names the folder), a chief that failed under ``run_downpour``
+    (which sets ``keep_logs``), or ``keep_logs=True``.
     """
 
     def __init__(self, workers: int = 1, ps: int = 1, ports: list[int] | None = None, start_timeout: float = 60.0,
-                 worker_threads: int = 1, pin_workers: bool = True, bind: str | None = "auto", ps_threads: int = 1):
+                 worker_threads: int = 1, pin_workers: bool = True, bind: str | None = "auto", ps_threads: int = 1,
+                 keep_logs: bool = False):
         from downpour.checks import check_positive_int
 
         check_positive_int("workers", workers)
@@ -92,7 +98,8 @@ class LocalCluster:
         self.ps_threads = ps_threads
         self.pin_workers = pin_workers
         self.processes: dict[tuple[str, int], subprocess.Popen] = {}
-        self.logs = Path(tempfile.mkdtemp(prefix="freezing-cluster-"))
+        self.logs = Path(tempfile.mkdtemp(prefix="downpour-cluster-"))
+        self.keep_logs = keep_logs
         self._all_pids: list[int] = []
         self._log_offsets: dict[tuple[str, int], int] = {}
 
@@ -102,18 +109,21 @@ class LocalCluster:
 
     def __enter__(self) -> LocalCluster:
         atexit.register(self.stop)
+        self.logs.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
             for job in ("ps", "worker"):
                 for index in range(len(self.spec[job])):
                     self._start(job, index)
             self._wait_until_listening([(job, i) for job in ("ps", "worker") for i in range(len(self.spec[job]))])
-        except BaseException:
-            self.stop()
+        except BaseException as e:
+            self.__exit__(type(e), e, None)
             raise
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
+    def __exit__(self, exc_type: Any = None, exc: BaseException | None = None, tb: Any = None) -> None:
+        self.stop(failed=exc is not None)
+        if exc is not None and self.logs.is_dir() and hasattr(exc, "add_note"):
+            exc.add_note(f"LocalCluster: the tasks' logs are kept in {self.logs}")
 
     def tf_config(self, job: str, index: int, spec: dict[str, list[str]] | None = None) -> str:
         """The ``TF_CONFIG`` of one task (of ``spec``, default the whole cluster). ``cluster.tf_config("worker", 0)``"""
@@ -232,8 +242,9 @@ class LocalCluster:
         if wait:
             self._wait_until_listening([(job, index)])
 
-    def stop(self) -> None:
-        """End every task: SIGTERM, then SIGKILL after 5 s. Safe to call twice. ``cluster.stop()``"""
+    def stop(self, failed: bool = False) -> None:
+        """End every task: SIGTERM, then SIGKILL after 5 s; then remove the logs' folder, unless ``failed`` or
+        ``keep_logs``. Safe to call twice. ``cluster.stop()``"""
         for process in self.processes.values():
             if process.poll() is None:
                 try:
@@ -251,6 +262,10 @@ class LocalCluster:
                     pass
                 process.wait()
         atexit.unregister(self.stop)
+        if failed:
+            self.keep_logs = True
+        if not self.keep_logs:
+            shutil.rmtree(self.logs, ignore_errors=True)
 
     @property
     def pids(self) -> list[int]:

@@ -3,6 +3,7 @@ address every task listens on."""
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -53,10 +54,28 @@ def test_bad_counts_and_busy_ports_are_clear_errors():
             LocalCluster(workers=1, ps=1, ports=[port, *free_ports(2)])
 
 
-def test_a_cluster_that_cannot_start_times_out_with_a_message():
-    with pytest.raises(TimeoutError, match=r"not listening after 0.5 s"):
-        with LocalCluster(workers=1, ps=1, start_timeout=0.5):
+def test_a_cluster_that_cannot_start_times_out_with_a_message_naming_its_logs_which_it_keeps():
+    cluster = LocalCluster(workers=1, ps=1, start_timeout=0.5)
+    with pytest.raises(TimeoutError, match=rf"not listening after 0.5 s; logs in {cluster.logs}"):
+        with cluster:
             pass
+    assert cluster.logs.is_dir() and {p.name for p in cluster.logs.glob("*.log")} >= {"ps0.log", "worker0.log"}
+    shutil.rmtree(cluster.logs)
+
+
+def test_the_logs_folder_is_removed_after_a_clean_stop_and_kept_after_a_failure_named_in_its_message():
+    clean = LocalCluster(workers=1, ps=1)
+    assert clean.logs.is_dir()
+    clean.stop()
+    assert not clean.logs.exists()
+    failed = LocalCluster(workers=1, ps=1)
+    error = RuntimeError("the body failed")
+    failed.__exit__(RuntimeError, error, None)  # what `with` does when its body raises
+    assert failed.logs.is_dir() and error.__notes__ == [f"LocalCluster: the tasks' logs are kept in {failed.logs}"]
+    kept = LocalCluster(workers=1, ps=1, keep_logs=True)
+    kept.stop()
+    assert kept.logs.is_dir()
+    shutil.rmtree(failed.logs), shutil.rmtree(kept.logs)
 
 
 def test_unreachable_tasks_time_out_naming_each_one():
