@@ -143,6 +143,20 @@ def test_data_that_does_not_fit_the_model_or_a_missing_worker_file_ends_the_chie
     assert line.startswith(f"downpour: data: worker:1 cannot read its training data ({broken}/train-1.tfrecord): "
                            f"NotFoundError: {broken}/train-1.tfrecord; No such file or directory"), line
     assert "Traceback" not in log and "E0000" not in log  # TensorFlow's and Python's text went to the log file
+    # a record far into a file that does not parse: found before training, named with its file and its index
+    from examples.ps_tabular.data import write
+
+    tabular = write(tmp_path / "tabular")
+    lines = (tabular / "train.csv").read_text().splitlines()
+    lines[1 + 300] = "x" + lines[1 + 300][lines[1 + 300].index(","):]  # after the header: record 300's first field
+    (tabular / "train.csv").write_text("\n".join(lines) + "\n")
+    job = json.loads((REPO / "examples" / "ps_tabular" / "job.json").read_text())
+    job.update(data_kwargs={"folder": str(tabular)}, checkpoint_dir=str(tmp_path / "ckpt"), steps=16)
+    code, log = _chief(cluster, job, tmp_path)
+    assert code == faults.EXIT_BAD_INPUT, log
+    [line] = _said(log)
+    assert line.startswith(f"downpour: data: worker:0 reads {tabular}/train.csv, whose record 300 (counting from 0) "
+                           "cannot be read: InvalidArgumentError: ") and "not a valid float: x" in line, line
 
 
 @pytest.mark.slow

@@ -287,9 +287,9 @@ def check_split(model: Any, config: DownpourConfig, split: str) -> tuple[Any, An
 
 
 def check_workers(model: Any, config: DownpourConfig, workers: int) -> None:
-    """Read one batch of its shard on every worker, from its own disk, and check it against the model's inputs; a
-    ``ValueError`` with one line naming the worker, its files and what is wrong (a file missing or unreadable, a
-    shape that does not fit)."""
+    """Read one batch of its shard on every worker, from its own disk, and check it against the model's inputs, then
+    the worker's whole training data once (``first_unreadable``); a ``ValueError`` with one line naming the worker,
+    its files and what is wrong (a file missing or unreadable, a shape that does not fit, a malformed record)."""
     import tensorflow as tf
 
     from downpour.faults import first_line
@@ -316,3 +316,47 @@ def check_workers(model: Any, config: DownpourConfig, workers: int) -> None:
         problem = mismatch(model, found, f"data: worker:{worker} reads {files}, which")
         if problem:
             raise ValueError(problem)
+        bad = first_unreadable(config, worker, workers)
+        if bad is not None:
+            record, error = bad
+            raise ValueError(f"data: worker:{worker} reads {files}, whose record {record} (counting from 0) cannot be "
+                             f"read: {first_line(error)}")
+
+
+def first_unreadable(config: DownpourConfig, worker: int, workers: int) -> tuple[int, BaseException] | None:
+    """Read the training data worker ``worker`` reads, whole, on that worker: None when every record reads, else the
+    index of the first record that does not (in its file for a function that shards itself, else in the dataset)
+    and the error. One pass over the data; a binary search over prefixes only when a record is malformed, so that
+    a file broken at its end fails before training, not after hours of it."""
+    import tensorflow as tf
+
+    fn, itself = dataset_function(config), shards_itself(config)
+
+    def records(take: Any) -> Any:
+        ds = fn("train", worker=tf.constant(worker, tf.int64), workers=workers) if itself else fn("train")
+        return ds.take(take).reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
+
+    with tf.device(f"/job:worker/replica:0/task:{worker}/device:CPU:0"):
+        count = tf.function(records)
+        errors = (tf.errors.InvalidArgumentError, tf.errors.DataLossError)
+        try:
+            count(tf.constant(-1, tf.int64))
+            return None
+        except errors as e:
+            error = e
+        good, bad = 0, 1  # prefixes: all of `good` records read; one of the first `bad` does not
+        while True:
+            try:
+                count(tf.constant(bad, tf.int64))
+                good, bad = bad, 2 * bad
+            except errors as e:
+                error = e
+                break
+        while bad - good > 1:
+            middle = (good + bad) // 2
+            try:
+                count(tf.constant(middle, tf.int64))
+                good = middle
+            except errors as e:
+                bad, error = middle, e
+        return bad - 1, error
