@@ -336,9 +336,18 @@ class _Chief:
             self.state["foreign_samples"] = None if foreign < 0 else self.state["foreign_samples"] + foreign
         self.state["records"].append({
             "worker": worker, "versions": np.asarray(value["versions"]).tolist(),
-            "pushed_bytes": int(np.sum(value["pushed_bytes"])),
+            "pushed_bytes": int(np.sum(value["pushed_bytes"])), "fetched_bytes": int(np.sum(value["fetched_bytes"])),
             "staleness": np.asarray(value["staleness"]).tolist(), "loss": np.asarray(value["loss"]).tolist(),
             "started": float(value["started"]), "ended": float(value["ended"]), "returned_s": seconds})
+
+    def _fetched_whole(self) -> dict[str, str]:
+        """The sparse variables the workers fetch whole, and why."""
+        from downpour.model import row_inputs
+
+        assert self.ps is not None
+        if not self.config.sparse_fetch:
+            return {p: "sparse_fetch is off" for p, sparse in zip(self.ps.paths, self.sparse) if sparse}
+        return row_inputs(self.model, self.ps.paths, self.sparse)[1]
 
     def _evaluate_into_curve(self, snapshots: list[tuple]) -> None:
         from downpour.model import evaluate
@@ -396,6 +405,9 @@ class _Chief:
             dataset_graph_bytes=self.dataset_graph_bytes,
             pushed_bytes=sum(r.get("pushed_bytes", 0) for r in records),
             dense_push_bytes=returned_pushes * trainable_bytes,
+            fetched_bytes=sum(r.get("fetched_bytes", 0) for r in records),
+            dense_fetch_bytes=len(records) * (config.steps_per_function // config.n_fetch) * trainable_bytes,
+            fetched_whole=self._fetched_whole(),
             placement=layout, bytes_per_task=per_task, optimizer_bytes_per_task=ps.optimizer_placement(),
             optimizer=optimizer_label(config.optimizer),
             sparse_variables=[p for p, sparse in zip(ps.paths, self.sparse) if sparse],

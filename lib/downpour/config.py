@@ -118,6 +118,9 @@ class DownpourConfig:
     * ``local_learning_rate``: the workers' local SGD steps between fetches (None: ``learning_rate``).
     * ``sparse_push``: a gradient that arrives as ``tf.IndexedSlices`` (an ``Embedding``'s) is pushed as the rows
       it touches, each once (True, default), or as a dense tensor (False, for comparison).
+    * ``sparse_fetch``: an ``Embedding`` fed directly by a model input is fetched as the rows the next ``n_fetch``
+      batches look up (True, default; the worker reads those batches first), or whole (False, for comparison); a
+      table whose rows cannot be known from the inputs is fetched whole, and the result says why.
 
     Faults for experiments are not part of a job: ``run_downpour(job, faults=Faults(...))``.
     """
@@ -147,6 +150,7 @@ class DownpourConfig:
     transform: str | None = None
     transform_kwargs: dict = field(default_factory=dict)
     sparse_push: bool = True
+    sparse_fetch: bool = True
     shard_min_bytes: int = 256 * 1024
     seed: int = 0
     eval_every: int = 0
@@ -198,6 +202,8 @@ class DownpourConfig:
                              f"masks")
         if not isinstance(self.sparse_push, bool):
             raise ValueError(f"sparse_push: expected true or false; got {self.sparse_push!r}")
+        if not isinstance(self.sparse_fetch, bool):
+            raise ValueError(f"sparse_fetch: expected true or false; got {self.sparse_fetch!r}")
         if self.warmup_functions is not None:
             check_positive_int("warmup_functions", self.warmup_functions)
 

@@ -94,3 +94,43 @@ def evaluate(model: Any, trainable: Sequence[np.ndarray], state: Sequence[np.nda
         else:
             classes = False
     return {"loss": total / max(1, n), "accuracy": correct / n if classes and n else None}
+
+
+def row_inputs(model: Any, paths: Sequence[str], sparse: Sequence[bool]) -> tuple[dict[int, int], dict[str, str]]:
+    """Which sparse variables a worker can fetch as rows: ``{variable index: position of the model input in
+    tf.nest.flatten(x)}`` for an ``Embedding`` that looks up a model input directly (its rows for the next batches
+    are those batches' ids), and ``{path: why it is fetched whole}`` for every other sparse variable.
+    ``row_inputs(model, ps.paths, kinds)``"""
+    import keras
+    import tensorflow as tf
+
+    flat = tf.nest.flatten(model.input) if _has_input(model) else []
+    tables = {layer.embeddings.path: layer for layer in model.layers if isinstance(layer, keras.layers.Embedding)}
+    found: dict[int, int] = {}
+    whole: dict[str, str] = {}
+    for i, (path, is_sparse) in enumerate(zip(paths, sparse)):
+        if not is_sparse:
+            continue
+        layer = tables.get(path)
+        if layer is None:
+            whole[path] = "not an Embedding's table: the rows it uses are known only from its gradient"
+            continue
+        try:
+            source = layer.input
+        except (AttributeError, ValueError):  # called more than once, or not in a functional graph
+            source = None
+        position = next((k for k, t in enumerate(flat) if t is source), None)
+        if position is None:
+            whole[path] = (f"the Embedding '{layer.name}' looks up ids computed inside the model, not a model input: "
+                           "the rows the next batches touch are not known before they run")
+            continue
+        found[i] = position
+    return found, whole
+
+
+def _has_input(model: Any) -> bool:
+    try:
+        model.input
+    except (AttributeError, ValueError):
+        return False
+    return True

@@ -84,6 +84,13 @@ class DownpourResult(_Fields):
     """Bytes of gradient tensors every returned push sent (an ``IndexedSlices``: its rows and int64 indices)."""
     dense_push_bytes: int
     """What the same pushes would have sent as dense tensors."""
+    fetched_bytes: int
+    """Parameter bytes every returned function's fetches brought over (an ``Embedding`` fetched as rows: the rows
+    the next ``n_fetch`` batches look up and their int64 ids)."""
+    dense_fetch_bytes: int
+    """What the same fetches would have brought as whole tensors."""
+    fetched_whole: dict[str, str]
+    """Sparse variables fetched whole anyway, and why (``sparse_fetch`` off, or rows not known from the inputs)."""
     placement: list[dict[str, Any]]
     bytes_per_task: dict[str, int]
     optimizer_bytes_per_task: dict[str, int]

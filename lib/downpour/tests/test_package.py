@@ -471,6 +471,43 @@ def test_a_two_input_model_with_an_embedding_trains_in_the_local_loop_with_spars
         assert not moved[:800].any() and moved[800:].any()  # pre-trained rows frozen, new tokens' rows train
 
 
+@pytest.mark.slow  # over 4 s: make test-slow (CI)
+def test_an_embedding_is_fetched_as_the_rows_the_next_batches_look_up_and_trains_bit_for_bit_as_fetched_whole(
+        tmp_path, monkeypatch):
+    from downpour.data import element_spec, train_dataset
+    from downpour.model import row_inputs
+    from downpour.worker import gradient_kinds, worker_function
+
+    monkeypatch.syspath_prepend(str(REPO))
+    from examples.ps_tokens.data import write
+
+    folder = write(tmp_path, workers=1, per_worker=200, test=40)
+    runs = {}
+    for sparse_fetch in (True, False):
+        job = DownpourConfig(model="examples.ps_tokens.model:build", data="examples.ps_tokens.data:dataset",
+                             data_kwargs={"folder": str(folder)}, loss={"class_name": "BinaryCrossentropy",
+                                                                        "config": {"from_logits": True}},
+                             optimizer="adam", learning_rate=0.01, masks="examples.ps_tokens.model:new_tokens_only",
+                             batch=16, n_fetch=4, n_push=2, steps_per_function=8, shuffle_buffer=1,
+                             sparse_fetch=sparse_fetch)
+        model = build_model(job)
+        ps = PsVariables(model, job)
+        ps.prepare(gradient_kinds(model, ps, job, element_spec(job)))
+        assert row_inputs(model, ps.paths, ps.sparse) == ({0: 1}, {})  # x's second input, "tokens", feeds the table
+        fn = worker_function(model, ps, job, lambda: tf.constant(0, tf.int32), timestamps=False)
+        iterator = iter(train_dataset(job)(0, 1))
+        fetched = [fn(iterator)["fetched_bytes"].numpy() for _ in range(3)]
+        runs[sparse_fetch] = (np.concatenate(fetched), ps.values())
+    (sparse, trained), (dense, reference) = runs[True], runs[False]
+    table = reference[0].nbytes
+    # per fetch: the other variables whole, and of the table the rows 4 batches of 16 x 20 ids look up (about 700 of
+    # 1,000 here), each 16 float32 values and its int64 id
+    rows, rest = np.divmod(sparse - (dense - table), 16 * 4 + 8)
+    assert (rest == 0).all() and (rows > 0).all() and (rows < 1000).all() and (sparse < dense).all(), (sparse, dense)
+    for mine, theirs in zip(trained, reference):  # the rows nobody looked up were never read: the same training
+        np.testing.assert_array_equal(mine.view(np.uint32), theirs.view(np.uint32))
+
+
 @pytest.mark.parametrize("data, message", [
     ("downpour.tests.ps_hooks:features_29", "data: the train split (the files of data_kwargs {}) gives x of shape (29,) per sample; "
                              "the model's input 'features' expects (30,)"),
