@@ -106,6 +106,7 @@ def row_inputs(model: Any, paths: Sequence[str], sparse: Sequence[bool]) -> tupl
 
     flat = tf.nest.flatten(model.input) if _has_input(model) else []
     tables = {layer.embeddings.path: layer for layer in model.layers if isinstance(layer, keras.layers.Embedding)}
+    calls = _calls(model)
     found: dict[int, int] = {}
     whole: dict[str, str] = {}
     for i, (path, is_sparse) in enumerate(zip(paths, sparse)):
@@ -115,9 +116,13 @@ def row_inputs(model: Any, paths: Sequence[str], sparse: Sequence[bool]) -> tupl
         if layer is None:
             whole[path] = "not an Embedding's table: the rows it uses are known only from its gradient"
             continue
+        if calls.get(layer.name) != 1:
+            whole[path] = (f"the Embedding '{layer.name}' is called {calls.get(layer.name, 'an unknown number of')} "
+                           "times in the model: its rows are fetched whole")
+            continue
         try:
             source = layer.input
-        except (AttributeError, ValueError):  # called more than once, or not in a functional graph
+        except (AttributeError, ValueError):  # not in a functional graph
             source = None
         position = next((k for k, t in enumerate(flat) if t is source), None)
         if position is None:
@@ -126,6 +131,14 @@ def row_inputs(model: Any, paths: Sequence[str], sparse: Sequence[bool]) -> tupl
             continue
         found[i] = position
     return found, whole
+
+
+def _calls(model: Any) -> dict[str, int]:
+    """How many times each layer is called in a functional model (its config's ``inbound_nodes``); {} otherwise."""
+    try:
+        return {layer["name"]: len(layer.get("inbound_nodes") or []) for layer in model.get_config()["layers"]}
+    except Exception:  # noqa: BLE001 - a subclassed model, or a layer that cannot be serialised
+        return {}
 
 
 def _has_input(model: Any) -> bool:

@@ -471,6 +471,25 @@ def test_a_two_input_model_with_an_embedding_trains_in_the_local_loop_with_spars
         assert not moved[:800].any() and moved[800:].any()  # pre-trained rows frozen, new tokens' rows train
 
 
+def test_a_table_whose_ids_the_model_computes_or_that_two_lookups_share_is_fetched_whole_and_says_why():
+    import keras
+
+    from downpour.model import row_inputs
+
+    ids = keras.Input((3,), dtype="int32", name="ids")
+    direct = keras.layers.Embedding(10, 4, name="direct")
+    computed = keras.layers.Embedding(10, 4, name="computed")
+    shared = keras.layers.Embedding(10, 4, name="shared")
+    parts = [direct(ids), computed(keras.ops.minimum(ids + 1, 9)), shared(ids), shared(ids)]
+    model = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(keras.layers.Concatenate()(parts))))
+    paths = [v.path for v in model.trainable_variables]
+    found, whole = row_inputs(model, paths, [path.endswith("embeddings") for path in paths])
+    assert found == {paths.index("direct/embeddings"): 0}
+    assert set(whole) == {"computed/embeddings", "shared/embeddings"}
+    assert "looks up ids computed inside the model" in whole["computed/embeddings"]
+    assert "is called 2 times in the model" in whole["shared/embeddings"]
+
+
 @pytest.mark.slow  # over 4 s: make test-slow (CI)
 def test_an_embedding_is_fetched_as_the_rows_the_next_batches_look_up_and_trains_bit_for_bit_as_fetched_whole(
         tmp_path, monkeypatch):
