@@ -21,7 +21,7 @@ pytestmark = pytest.mark.cluster
 
 @pytest.mark.slow  # over 4 s: make test-slow (CI)
 def test_cluster_starts_listens_limits_workers_and_leaves_no_process_even_when_the_body_fails(alive):
-    with pytest.raises(RuntimeError, match="midway"):
+    with pytest.raises(RuntimeError, match="midway") as failed:
         with LocalCluster(workers=2, ps=1, start_timeout=120) as cluster:
             pids = cluster.pids
             assert len(pids) == 3 and all(alive(p) for p in pids)
@@ -37,6 +37,10 @@ def test_cluster_starts_listens_limits_workers_and_leaves_no_process_even_when_t
             raise RuntimeError("midway")
     assert not any(alive(p) for p in pids)
     assert not any(port_in_use(p) for p in ports)
+    # the body failed: the tasks' logs are kept, and the error says where
+    assert failed.value.__notes__ == [f"LocalCluster: the tasks' logs are kept in {cluster.logs}"]
+    assert (cluster.logs / "worker0.log").is_file()
+    shutil.rmtree(cluster.logs)
 
 
 def test_bad_counts_and_busy_ports_are_clear_errors():
