@@ -19,7 +19,8 @@ get its core shows up there, not in the ratio. Prints; asserts nothing about tim
 
 ``--sparse``: an Embedding-heavy model instead (``examples/ps_tokens`` with a 50,000 x 32 table, 1 worker, 2 ps
 tasks), each job run pushing only the rows a push touched and fetching only the rows the next batches look up
-(``sparse_push`` and ``sparse_fetch`` true) and pushing and fetching dense tensors (both false), interleaved, with Downpour's Adagrad (a scatter on the ps) and with Adam (Keras' Adam
+(``sparse_push`` and ``sparse_fetch`` true) and pushing and fetching dense tensors (both false), interleaved,
+with Downpour's Adagrad (a scatter on the ps) and with Adam (Keras' Adam
 updates every row of a sparse gradient's variable): bytes pushed and fetched per update and steps per second,
 sparse / dense.
 ``python bench/bench_ps.py --sparse --repeats 3 --functions-per-worker 24``

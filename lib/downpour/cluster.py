@@ -179,8 +179,8 @@ def serve(config: dict[str, Any] | None = None, orphan_guard: bool = False, work
     ``orphan_guard`` (set by ``LocalCluster``) ends the task when its launcher dies. Prints ``serving <job>:<i>
     at grpc://...; listening on ...``; then ``say`` s one line each time the chief's address stops answering: the
     chief finished its job (it wrote ``CHIEF_FINISHED`` into ``log``, this task's log file, since it came up), or
-    it has gone before the end (lost, or stopped). Raises ``PortInUse`` when another process holds the port, ``ServeError`` when
-    the server cannot start for another reason.
+    it has gone before the end (lost, or stopped). Raises ``PortInUse`` when another process holds the port,
+    ``ServeError`` when the server cannot start for another reason.
     """
     from downpour import bind as bind_address
 

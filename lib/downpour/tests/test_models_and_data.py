@@ -59,7 +59,8 @@ def test_every_optimizer_applies_an_embedding_s_indexed_slices_on_the_ps_as_kera
             np.testing.assert_array_equal(after[0][1], before[0][1] - np.float32(0.01) * row)
     if isinstance(optimizer, str) and optimizer in ("sgd", "adagrad"):
         return
-    masked = DownpourConfig(model=EMBED, optimizer=optimizer, learning_rate=0.01, masks="downpour.tests.ps_hooks:freeze_rows")
+    masked = DownpourConfig(model=EMBED, optimizer=optimizer, learning_rate=0.01,
+                            masks="downpour.tests.ps_hooks:freeze_rows")
     ps = PsVariables(build_model(masked), masked)
     before = ps.values()
     for _ in range(2):
@@ -176,11 +177,11 @@ def test_an_embedding_is_fetched_as_the_rows_the_next_batches_look_up_and_trains
 
 
 @pytest.mark.parametrize("data, message", [
-    ("downpour.tests.ps_hooks:features_29", "data: the train split (the files of data_kwargs {}) gives x of shape (29,) per sample; "
-                             "the model's input 'features' expects (30,)"),
+    ("downpour.tests.ps_hooks:features_29", "data: the train split (the files of data_kwargs {}) gives x of shape "
+                                            "(29,) per sample; the model's input 'features' expects (30,)"),
     ("downpour.tests.ps_hooks:features_as_text", "gives x as string; the model's input 'features' expects float32"),
-    ("downpour.tests.ps_hooks:two_inputs_misnamed", "gives the inputs ['numbers', 'tokens']; the model expects ['numeric', "
-                                     "'tokens']"),
+    ("downpour.tests.ps_hooks:two_inputs_misnamed", "gives the inputs ['numbers', 'tokens']; the model expects "
+                                                    "['numeric', 'tokens']"),
 ])
 def test_data_that_does_not_fit_the_model_is_one_line_naming_what_was_expected_and_found(data, message, monkeypatch):
     from downpour.data import check_split
@@ -260,8 +261,9 @@ def test_a_model_with_two_outputs_trains_in_the_local_loop_and_evaluates_on_both
     from downpour.model import evaluate, make_loss
     from downpour.worker import gradient_kinds, worker_function
 
-    job = DownpourConfig(model="downpour.tests.ps_hooks:two_outputs", data="downpour.tests.ps_hooks:two_targets", loss="mse", optimizer="adam",
-                         learning_rate=0.01, batch=16, steps_per_function=4, eval_samples=64)
+    job = DownpourConfig(model="downpour.tests.ps_hooks:two_outputs", data="downpour.tests.ps_hooks:two_targets",
+                         loss="mse", optimizer="adam", learning_rate=0.01, batch=16, steps_per_function=4,
+                         eval_samples=64)
     model = build_model(job)
     ps = PsVariables(model, job)
     ps.prepare(gradient_kinds(model, ps, job, element_spec(job)))
