@@ -66,7 +66,7 @@ def test_the_package_needs_tensorflow_keras_numpy_and_freezing_only():
                 tops.add(node.module.split(".")[0])
         assert tops <= allowed, (path.name, tops - allowed)
     project = tomllib.loads((LIB / "pyproject.toml").read_text())["project"]
-    assert project["name"] == "downpour" and project["readme"] == "README.md"
+    assert project["name"] == "freezing-downpour" and project["readme"] == "README.md"  # PyPI's "downpour" is not it
     assert sorted(d.split(">")[0] for d in project["dependencies"]) == ["freezing", "keras"]
     assert re.fullmatch(r"\d+\.\d+\.\d+", downpour.__version__)
 
