@@ -21,6 +21,7 @@ $(STAMP): requirements.txt requirements-keras-hub.txt pyproject.toml lib/pyproje
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-keras-hub.txt  # no 2nd TensorFlow
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e lib/downpour  # the ps
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e lib  # the study
 	@touch $(STAMP)
 

@@ -8,7 +8,7 @@ In one run, on one ``LocalCluster`` (4 workers, 2 ps tasks; each worker limited 
 * Downpour with 1 worker and with 2 workers, ``n_fetch = n_push = 4``, Adam on the ps (``--optimizer``);
 * then 4 workers, oversubscribed: 4 one-core workers on this machine's cores.
 
-Every run reads the study's MNIST from IDX files (``study.ps.data:idx``), the workers each their own shard.
+Every run reads the study's MNIST from IDX files (``downpour.data:idx``), the workers each their own shard.
 
 Ratios: scaling = steps/s of 2 workers / 1 worker (target >= 1.6); overhead = the PS step time / the local
 step time, with 1 worker (target <= 1.3), and the same in CPU seconds per step (worker + ps) / the local loop's.
@@ -18,9 +18,11 @@ get its core shows up there, not in the ratio. Prints; asserts nothing about tim
 ``python bench/bench_ps.py --repeats 3``
 
 ``--sparse``: an Embedding-heavy model instead (``examples/ps_tokens`` with a 50,000 x 32 table, 1 worker, 2 ps
-tasks), each job run pushing only the rows a push touched (``sparse_push`` true: ``IndexedSlices``) and pushing
-dense tensors (false), interleaved, with Downpour's Adagrad (a scatter on the ps) and with Adam (Keras' Adam
-updates every row of a sparse gradient's variable): bytes pushed per update and steps per second, sparse / dense.
+tasks), each job run pushing only the rows a push touched and fetching only the rows the next batches look up
+(``sparse_push`` and ``sparse_fetch`` true) and pushing and fetching dense tensors (both false), interleaved,
+with Downpour's Adagrad (a scatter on the ps) and with Adam (Keras' Adam
+updates every row of a sparse gradient's variable): bytes pushed and fetched per update and steps per second,
+sparse / dense.
 ``python bench/bench_ps.py --sparse --repeats 3 --functions-per-worker 24``
 """
 
@@ -43,11 +45,11 @@ sys.path.insert(0, str(REPO / "lib"))
 sys.path.insert(0, str(REPO))  # examples.ps_tokens, for --sparse (the chief imports it too: PYTHONPATH below)
 os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
 
-from study.ps.local import LocalCluster  # noqa: E402
-from study.ps import DownpourConfig, run_downpour  # noqa: E402
+from downpour.local import LocalCluster  # noqa: E402
+from downpour import DownpourConfig, run_downpour  # noqa: E402
 
-BASE = DownpourConfig(n_fetch=4, n_push=4, steps_per_function=8, batch=50, learning_rate=0.001, optimizer="adam",
-                      ps=2, data="study.ps.data:idx")
+BASE = DownpourConfig(model="study.models:deep_mnist_cnn", n_fetch=4, n_push=4, steps_per_function=8, batch=50,
+                      learning_rate=0.001, optimizer="adam", ps=2, data="downpour.data:idx")
 
 
 def _load() -> float:
@@ -86,6 +88,8 @@ def ps_run(cluster: LocalCluster, base: DownpourConfig, workers: int, functions_
             "staleness_mean": statistics.fmean(r["staleness"]) if r["staleness"] else 0.0,
             "pushed_bytes_per_update": r.pushed_bytes / max(1, r.returned_updates),
             "dense_bytes_per_update": r.dense_push_bytes / max(1, r.returned_updates),
+            "fetched_bytes_per_update": r.fetched_bytes / max(1, r.returned_updates),
+            "dense_fetch_bytes_per_update": r.dense_fetch_bytes / max(1, r.returned_updates),
             "load_before": load, "load_after": _load()}
 
 
@@ -116,11 +120,13 @@ def sparse_main(repeats: int, functions_per_worker: int) -> dict:
             for optimizer in ("adagrad", "adam"):
                 for sparse_push in (True, False):
                     job = dataclasses.replace(SPARSE, optimizer=optimizer, sparse_push=sparse_push,
-                                              data_kwargs={"folder": folder}, eval_samples=200)
+                                              sparse_fetch=sparse_push, data_kwargs={"folder": folder},
+                                              eval_samples=200)
                     run = ps_run(cluster, job, 1, functions_per_worker)
                     runs.setdefault(f"{optimizer}/{'sparse' if sparse_push else 'dense'}", []).append(run)
-                    print(f"  {optimizer}, {'sparse' if sparse_push else 'dense'} pushes: {run['steps_per_s']:.2f} "
-                          f"steps/s, {run['pushed_bytes_per_update'] / 1e6:.3f} MB per update", flush=True)
+                    print(f"  {optimizer}, {'sparse' if sparse_push else 'dense'} pushes and fetches: "
+                          f"{run['steps_per_s']:.2f} steps/s, {run['pushed_bytes_per_update'] / 1e6:.3f} MB pushed "
+                          f"and {run['fetched_bytes_per_update'] / 1e6:.3f} MB fetched per update", flush=True)
     out: dict = {"runs": runs, "config": dataclasses.asdict(SPARSE), "cpus": os.cpu_count()}
     print(f"\nAn Embedding-heavy model (examples/ps_tokens, 50,000 x 32 table = 6.4 MB, over 2 ps tasks), 1 worker, "
           f"batch {SPARSE.batch} x 20 tokens, n_fetch = n_push = {SPARSE.n_push}; {repeats} interleaved repeats; load "
@@ -130,11 +136,16 @@ def sparse_main(repeats: int, functions_per_worker: int) -> dict:
         sparse, dense = runs[f"{optimizer}/sparse"], runs[f"{optimizer}/dense"]
         bytes_ratio = [a["pushed_bytes_per_update"] / b["pushed_bytes_per_update"] for a, b in zip(sparse, dense)]
         speed = [a["steps_per_s"] / b["steps_per_s"] for a, b in zip(sparse, dense)]
+        fetch_ratio = [a["fetched_bytes_per_update"] / b["fetched_bytes_per_update"] for a, b in zip(sparse, dense)]
         out[f"{optimizer}_bytes_sparse_over_dense"] = bytes_ratio
+        out[f"{optimizer}_fetched_bytes_sparse_over_dense"] = fetch_ratio
         out[f"{optimizer}_steps_per_s_sparse_over_dense"] = speed
         print(f"  {optimizer} on the ps: bytes pushed per update, sparse / dense = {_spread(bytes_ratio)} "
               f"({statistics.fmean(r['pushed_bytes_per_update'] for r in sparse) / 1e6:.3f} MB / "
               f"{statistics.fmean(r['pushed_bytes_per_update'] for r in dense) / 1e6:.3f} MB)")
+        print(f"  {optimizer} on the ps: bytes fetched per update, sparse / dense = {_spread(fetch_ratio)} "
+              f"({statistics.fmean(r['fetched_bytes_per_update'] for r in sparse) / 1e6:.3f} MB / "
+              f"{statistics.fmean(r['fetched_bytes_per_update'] for r in dense) / 1e6:.3f} MB)")
         print(f"  {optimizer} on the ps: steps/s, sparse / dense = {_spread(speed)} "
               f"({_spread([r['steps_per_s'] for r in sparse])} / {_spread([r['steps_per_s'] for r in dense])})")
     out["seconds"] = time.monotonic() - started
@@ -152,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--local-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.local_child:
-        from study.ps.worker import local_steps_per_s
+        from downpour.worker import local_steps_per_s
 
         config = DownpourConfig(**json.loads(args.local_child[0]))
         print(json.dumps(local_steps_per_s(config, functions=int(args.local_child[1]),
@@ -163,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     started = time.monotonic()
     runs: dict[str, list] = {"local": [], "1": [], "2": [], "4": []}
-    from study.ps.data import write_study_mnist
+    from study.gradients.ps_data import write_study_mnist
 
     data = tempfile.TemporaryDirectory(prefix="bench-ps-")
     base = dataclasses.replace(BASE, optimizer=args.optimizer,

@@ -6,7 +6,7 @@ the same 2-worker job twice, each scheduled function doing ``--steps`` SGD steps
 
 * ``keras``: the model built under ``strategy.scope()``, so its variables are Keras variables on the ps; the
   closure calls ``model(x)`` and ``assign_sub`` on ``model.trainable_variables`` (what the first version tried);
-* ``stateless``: what ``study.ps`` does -- plain ``tf.Variable`` s on the ps, the model run with
+* ``stateless``: what ``downpour`` does -- plain ``tf.Variable`` s on the ps, the model run with
   ``model.stateless_call`` on a local copy fetched once per function, one push at the end.
 
 Each function records ``tf.timestamp()`` on its worker before its first read and after its last write, so the
@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(json.dumps(chief(args.chief, args.steps, args.functions)))
         sys.stdout.flush()
         os._exit(0)
-    from study.ps.local import LocalCluster
-    from study.ps.launcher import cpu_seconds
+    from downpour.local import LocalCluster
+    from downpour.launcher import cpu_seconds
 
     results = []
     limited = args.threads > 0
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             for i in (0, 1):
                 cluster.kill("worker", i)
                 cluster.processes[("worker", i)] = subprocess.Popen(
-                    [sys.executable, "-c", "from study.ps.cluster import *; import tensorflow as tf, json, os; "
+                    [sys.executable, "-c", "from downpour.cluster import *; import tensorflow as tf, json, os; "
                      "c = parse_tf_config(); tf.distribute.Server(tf.train.ClusterSpec(c['cluster']), "
                      "job_name='worker', task_index=c['task']['index'], "
                      "config=tf.compat.v1.ConfigProto(inter_op_parallelism_threads=3)).join()"],

@@ -30,7 +30,8 @@ def _package(name: str) -> str:
 
 def _imports(source: str, module: str, is_package: bool, known: set[str]) -> set[str]:
     """The ``study`` modules an import statement of ``source`` names, anywhere in it (in a function too):
-    ``from study.ps import faults`` names ``study.ps.faults``, and ``study.ps`` only when ``faults`` is no module."""
+    ``from study.gradients import plots`` names ``study.gradients.plots``, and ``study.gradients`` only when ``plots``
+    is no module."""
     found = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -84,9 +85,9 @@ def test_studies_import_the_core_the_report_helpers_and_themselves_only():
         package = _package(name)
         for dep in deps:
             if package in STUDIES.values():
-                allowed = dep in CORE or dep.startswith(SHARED) or _package(dep) == package or dep.startswith("study.ps")
-            elif name.startswith(("study.report", "study.ps")) or name in CORE:
-                allowed = _package(dep) not in STUDIES.values()  # the core, report and ps import no study
+                allowed = dep in CORE or dep.startswith(SHARED) or _package(dep) == package
+            elif name.startswith("study.report") or name in CORE:
+                allowed = _package(dep) not in STUDIES.values()  # the core and report import no study
             else:
                 allowed = True
             if not allowed:

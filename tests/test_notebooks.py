@@ -252,7 +252,7 @@ def test_04_gradients_and_ps_metrics(smoke_results):
     assert costs["TF2 eager/recompute forward and backward per variable"]["ratio"] > 1.5
     assert m["exact_update_max_error"] == 0.0 and m["quadratic_max_error"] == 0.0
     assert set(m["downpour_demo"]["staleness_slow"]) == {2}  # the on-page worker loop, a fixed schedule
-    for run in m["ps"].values():  # Downpour on a LocalCluster, every task through python -m study.ps_roles
+    for run in m["ps"].values():  # Downpour on a LocalCluster, every task through python -m downpour
         assert 0.0 < run["final_accuracy"] <= 1.0 and run["steps_per_s"] > 0
     assert set(m["bytes_per_ps_task"]) == {"ps:0", "ps:1"}
     f = m["faults"]

@@ -4,7 +4,7 @@ staleness, faults (worker, ps, chief) with update accounting and one message eac
 errors and exit codes, no orphans.
 
 The cluster tests share one LocalCluster (2 workers, 2 ps tasks); every job is a chief process started through
-``python -m study.ps``, like every server task. ``make test`` runs the first two cluster tests (the issue-22
+``python -m downpour``, like every server task. ``make test`` runs the first two cluster tests (the issue-22
 "done when" job and the data checks); the others are marked ``slow`` (``pytest -m slow``).
 """
 
@@ -20,23 +20,24 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from study.gradients.ps_data import write_study_mnist
 from study.models import DEEP_MNIST_PARAMETERS
-from study.ps import DownpourConfig, Faults, PsVariables, build_model, run_chief, run_downpour
-from study.ps import faults
-from study.ps.data import write_study_mnist
-from study.ps.faults import EXIT_UNREACHABLE
-from study.ps.local import LocalCluster, free_ports
+from downpour import DownpourConfig, Faults, PsVariables, build_model, run_chief, run_downpour
+from downpour import faults
+from downpour.faults import EXIT_UNREACHABLE
+from downpour.local import LocalCluster, free_ports
 
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
+REPO = Path(__file__).resolve().parents[1]
 
-MLP = "study.ps.examples:mnist_mlp"
+MLP = "downpour.examples:mnist_mlp"
 
 
 @pytest.fixture(scope="module")
-def cluster(alive_pids):
+def cluster(alive_pids, request):
+    failed = request.session.testsfailed
     with LocalCluster(workers=2, ps=2, start_timeout=180) as c:
         yield c
+        c.keep_logs = request.session.testsfailed > failed  # the failures' messages name files in c.logs
     alive_pids.extend(c.pids)
 
 
@@ -76,9 +77,24 @@ def _tokens_job(folder: str, **changes) -> dict:
     return job
 
 
+@pytest.fixture
+def section(cluster):
+    """Where every task's log of the module's cluster ends as the test starts: the test reads only its own part.
+    The last test's chief is gone, and each task had time to say so (it looks once a second), before the mark."""
+    if ("chief", 0) in cluster.processes:
+        cluster.kill("chief", 0)
+    time.sleep(3)
+    return cluster.mark()
+
+
+def _mnist(folder: str) -> dict:
+    """The job fields that read the study's MNIST from ``folder`` (the ``mnist_files`` fixture)."""
+    return {"data": "downpour.data:idx", "data_kwargs": {"folder": folder}}
+
+
 def _said(log: str) -> list[str]:
     """The task's own one-line messages in what it wrote to its terminal."""
-    return [line for line in log.splitlines() if line.startswith("study.ps:")]
+    return [line for line in log.splitlines() if line.startswith("downpour:")]
 
 
 @pytest.mark.slow  # over 4 s: make test-slow (CI)
@@ -115,7 +131,7 @@ def test_data_that_does_not_fit_the_model_or_a_missing_worker_file_ends_the_chie
     short = tokens[1]
     code, log = _chief(cluster, _tokens_job(short, steps=8), tmp_path)  # 16 tokens where the model declares 20
     assert code == faults.EXIT_BAD_INPUT, log
-    assert _said(log) == [f"study.ps: data: worker:0 reads {short}/train-0.tfrecord, which gives x['tokens'] of "
+    assert _said(log) == [f"downpour: data: worker:0 reads {short}/train-0.tfrecord, which gives x['tokens'] of "
                           "shape (16,) per sample; the model's input 'tokens' expects (20,)"], log
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -124,16 +140,29 @@ def test_data_that_does_not_fit_the_model_or_a_missing_worker_file_ends_the_chie
     code, log = _chief(cluster, _tokens_job(str(broken), steps=8), tmp_path)
     assert code == faults.EXIT_BAD_INPUT, log
     [line] = _said(log)
-    assert line.startswith(f"study.ps: data: worker:1 cannot read its training data ({broken}/train-1.tfrecord): "
+    assert line.startswith(f"downpour: data: worker:1 cannot read its training data ({broken}/train-1.tfrecord): "
                            f"NotFoundError: {broken}/train-1.tfrecord; No such file or directory"), line
     assert "Traceback" not in log and "E0000" not in log  # TensorFlow's and Python's text went to the log file
+    # a record far into a file that does not parse: found before training, named with its file and its index
+    from examples.ps_tabular.data import write
+
+    tabular = write(tmp_path / "tabular")
+    lines = (tabular / "train.csv").read_text().splitlines()
+    lines[1 + 300] = "x" + lines[1 + 300][lines[1 + 300].index(","):]  # after the header: record 300's first field
+    (tabular / "train.csv").write_text("\n".join(lines) + "\n")
+    job = json.loads((REPO / "examples" / "ps_tabular" / "job.json").read_text())
+    job.update(data_kwargs={"folder": str(tabular)}, checkpoint_dir=str(tmp_path / "ckpt"), steps=16)
+    code, log = _chief(cluster, job, tmp_path)
+    assert code == faults.EXIT_BAD_INPUT, log
+    [line] = _said(log)
+    assert line.startswith(f"downpour: data: worker:0 reads {tabular}/train.csv, whose record 300 (counting from 0) "
+                           "cannot be read: InvalidArgumentError: ") and "not a valid float: x" in line, line
 
 
 @pytest.mark.slow
 @pytest.mark.cluster
 def test_a_model_with_two_outputs_trains_on_the_cluster(cluster, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    job = DownpourConfig(model="ps_hooks:two_outputs", data="ps_hooks:two_targets", loss="mse", optimizer="adam",
+    job = DownpourConfig(model="downpour.tests.ps_hooks:two_outputs", data="downpour.tests.ps_hooks:two_targets", loss="mse", optimizer="adam",
                          learning_rate=0.01, batch=16, steps=64, steps_per_function=4, eval_every=32, eval_samples=64,
                          workers=2, ps=2)
     r = run_downpour(job, cluster, timeout_s=400)
@@ -143,9 +172,9 @@ def test_a_model_with_two_outputs_trains_on_the_cluster(cluster, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.cluster
-def test_deep_mnist_cnn_on_two_workers_and_two_sharded_ps_tasks(cluster):
-    config = DownpourConfig(workers=2, ps=2, steps=32, n_fetch=2, n_push=2, steps_per_function=4, batch=32,
-                            learning_rate=0.05)
+def test_deep_mnist_cnn_on_two_workers_and_two_sharded_ps_tasks(cluster, mnist_files):
+    config = DownpourConfig(model="study.models:deep_mnist_cnn", **_mnist(mnist_files), workers=2, ps=2, steps=32,
+                            n_fetch=2, n_push=2, steps_per_function=4, batch=32, learning_rate=0.05)
     r = run_downpour(config, cluster, timeout_s=500)
     assert r["parameters"] == DEEP_MNIST_PARAMETERS
     fc1 = next(row for row in r["placement"] if row["variable"].endswith("fc1/kernel"))
@@ -165,9 +194,9 @@ def test_deep_mnist_cnn_on_two_workers_and_two_sharded_ps_tasks(cluster):
 
 @pytest.mark.slow
 @pytest.mark.cluster
-def test_another_architecture_on_one_worker_is_plain_async_sgd_with_zero_staleness(cluster):
-    config = DownpourConfig(model=MLP, model_kwargs={"hidden": 64}, workers=1, ps=2, steps=48, steps_per_function=4,
-                            learning_rate=0.1, eval_every=16, transform="study.ps.examples:decay",
+def test_another_architecture_on_one_worker_is_plain_async_sgd_with_zero_staleness(cluster, mnist_files, section):
+    config = DownpourConfig(model=MLP, **_mnist(mnist_files), model_kwargs={"hidden": 64}, workers=1, ps=2, steps=48,
+                            steps_per_function=4, learning_rate=0.1, eval_every=16, transform="downpour.examples:decay",
                             transform_kwargs={"factor": 1.0})
     r = run_downpour(config, cluster, timeout_s=400)
     assert set(r["staleness"]) == {0}  # one worker: nobody else updates between its fetch and its push
@@ -176,34 +205,48 @@ def test_another_architecture_on_one_worker_is_plain_async_sgd_with_zero_stalene
     assert seen[0] == 0 and seen[-1] == 48 and seen == sorted(set(seen)) and all(v >= 16 * i for i, v in enumerate(seen))
     assert r["curve"][-1]["accuracy"] > 0.5 > r["curve"][0]["accuracy"]
     assert any(row["variable"].endswith("bn1/moving_mean") for row in r["placement"])  # non-trainable state on the ps
+    # the chief finished its job: each ps task says so (it looks once a second), not that the chief has gone
+    deadline, last = time.monotonic() + 60, {}
+    while time.monotonic() < deadline and len(last) < 2:
+        for i in (0, 1):
+            said = [line for line in _said(cluster.said("ps", i, since=section)) if "the chief" in line]
+            if said:
+                last[i] = said[-1]
+        time.sleep(0.5)
+    assert set(last) == {0, 1} and all(line.startswith(f"downpour: ps:{i}: the chief (") and line.endswith(
+        "finished its job; this task keeps serving, for the next job's chief") for i, line in last.items()), last
 
 
 @pytest.mark.slow
 @pytest.mark.cluster
-def test_a_killed_worker_chief_and_ps_task_each_say_one_line_and_every_update_is_accounted_for(cluster):
-    """One job, three faults: worker 0 killed (and started again), the chief killed, a ps task killed."""
-    config = DownpourConfig(model=MLP, workers=2, ps=2, steps=112, n_fetch=2, n_push=2, steps_per_function=4,
-                            optimizer="adagrad", learning_rate=0.1, checkpoint_every=8, shard_min_bytes=65536)
+def test_a_killed_worker_chief_and_ps_task_each_say_one_line_and_every_update_is_accounted_for(cluster, section,
+                                                                                                mnist_files):
+    """One job, three faults: worker 0 killed (and started again), the chief killed, a ps task killed; one at a time,
+    each once the job has seen the one before (the launcher waits for that), so the test holds in any timing."""
+    config = DownpourConfig(model=MLP, **_mnist(mnist_files), workers=2, ps=2, steps=112, n_fetch=2, n_push=2,
+                            steps_per_function=4, optimizer="adagrad", learning_rate=0.1, checkpoint_every=8,
+                            shard_min_bytes=65536)
     r = run_downpour(config, cluster, timeout_s=900, faults=Faults(worker_at=6, chief_at=16, ps_at=36))
     worker, chief, ps = r["faults"]
-    said = _said(cluster.log_tail("chief", 0, 200_000))
-    lost = [line for line in said if " lost" in line]
-    assert any(line.startswith("study.ps: worker:0 (") and "lost; its functions go to the other workers" in line
-               for line in lost), said
-    ps_lines = [line for line in lost if line.startswith(f"study.ps: {ps['killed']} lost (")]
-    assert len(ps_lines) == 1 and "restart it, then the chief with --resume" in ps_lines[0], said
-    assert f"(full log: {cluster.full_log('chief', 0)})" in ps_lines[0]
-    assert "E0000" not in cluster.log_tail("chief", 0, 200_000)  # TensorFlow's error text is in the log file only
-    gone = [line for line in _said(cluster.log_tail("ps", 0, 200_000)) if "the chief" in line]
-    assert gone and "has gone (finished, or lost); this task keeps serving" in gone[0]
     assert (worker["killed"], chief["killed"]) == ("worker:0", "chief:0") and ps["killed"].startswith("ps:")
+    assert [e["acknowledged"] for e in r["faults"]] == [True, True, True], r["faults"]
+    # the chief saw two faults, the worker's and the ps task's: one line each, and nothing else
+    log = cluster.said("chief", 0, since=section)
+    said = _said(log)
+    assert len(said) == 2, said
+    assert said[0].startswith("downpour: worker:0 (") and "lost; its functions go to the other workers" in said[0]
+    assert said[1].startswith(f"downpour: {ps['killed']} lost (") and "restart it, then the chief with --resume" in \
+        said[1] and said[1].endswith(f"(full log: {cluster.full_log('chief', 0)})"), said
+    assert "E0000" not in log and "Traceback" not in log  # TensorFlow's error text is in the log file only
+    gone = [line for line in _said(cluster.said("ps", 0, since=section)) if "the chief" in line]
+    assert any("has gone before the end of its job (lost, or stopped); this task keeps serving" in line
+               for line in gone), gone  # the killed chief (the launcher waited for this line)
     # a killed chief or ps: the job restarts the chief, which restores the last checkpoint
     resumed = [a for a in r["attempts"] if a["resumed"]]
     assert [a["restored_version"] for a in resumed] == [chief["checkpoint_version"], ps["checkpoint_version"]]
-    # the version counter lives on the other ps task, so the updates lost with the ps are counted exactly
-    assert ps["version_at_failure"] is not None
-    lost = ps["version_at_failure"] - ps["checkpoint_version"]
-    assert lost >= 1
+    # the version counter lives on the other ps task, so the updates lost with the ps are counted exactly (none,
+    # when the chief wrote a checkpoint between the launcher's last look and the kill)
+    assert ps["version_at_failure"] is not None and ps["version_at_failure"] >= ps["checkpoint_version"]
     # every scheduled function returned once; every update in the final model was applied before the checkpoint
     # it was restored from, or after the last restart -- except those of the killed worker's attempt, which may have
     # pushed none, some or all of its updates before the kill (all: killed after its last push, before it returned)
@@ -239,7 +282,7 @@ def test_faults_are_not_job_fields_and_are_checked_against_the_job():
         run_downpour(DownpourConfig(), faults=Faults(worker_at=3))
     with pytest.raises(ValueError, match="faults.ps_at: needs checkpoint_every > 0"):
         run_downpour(DownpourConfig(workers=2), faults=Faults(ps_at=3))
-    from study.ps.config import FAULT_FIELDS, job_from_dict
+    from downpour.config import FAULT_FIELDS, job_from_dict
 
     fields = {f.name for f in dataclasses.fields(DownpourConfig)}
     for name in FAULT_FIELDS:
@@ -274,7 +317,7 @@ def test_a_chief_whose_tasks_are_unreachable_stops_with_their_names_not_a_hang()
     err = io.StringIO()
     started = time.monotonic()
     with contextlib.redirect_stderr(err):
-        code = run_chief(DownpourConfig(start_timeout=1.0, data="study.ps.data:idx", data_kwargs={"folder": "x"}), spec)
+        code = run_chief(DownpourConfig(start_timeout=1.0, data="downpour.data:idx", data_kwargs={"folder": "x"}), spec)
     assert code == EXIT_UNREACHABLE and time.monotonic() - started < 10
     assert f"ps:0 (localhost:{ports[1]}), worker:0 (localhost:{ports[2]}) not reachable after 1 s" in err.getvalue()
     with contextlib.redirect_stderr(io.StringIO()) as err:
@@ -283,7 +326,7 @@ def test_a_chief_whose_tasks_are_unreachable_stops_with_their_names_not_a_hang()
 
 
 def _chief(cluster, job: dict, tmp_path: Path, *args: str, timeout: float = 300) -> tuple[int, str]:
-    """Run one chief process (``python -m study.ps``) on the cluster; its exit code and the end of its log."""
+    """Run one chief process (``python -m downpour``) on the cluster; its exit code and the end of its log."""
     path = tmp_path / f"job{time.monotonic_ns()}.json"
     path.write_text(json.dumps(job))
     chief = cluster.start_chief(("--job", str(path), "--out", str(tmp_path / "result.json"), *args))
@@ -292,6 +335,11 @@ def _chief(cluster, job: dict, tmp_path: Path, *args: str, timeout: float = 300)
     finally:
         cluster.kill("chief", 0)
     return code, cluster.said("chief", 0)
+
+
+def _since(path: Path, offset: int) -> str:
+    """What was written to ``path`` after its first ``offset`` bytes."""
+    return path.read_bytes()[offset:].decode(errors="replace")
 
 
 @pytest.fixture(scope="module")
@@ -304,10 +352,10 @@ def mnist_files(tmp_path_factory):
 @pytest.mark.cluster
 def test_adam_on_the_ps_with_frozen_entries_that_no_push_moves_then_a_refused_resume(cluster, mnist_files, tmp_path):
     # hidden 384: each shard of fc1/kernel holds 150,528 entries, over the 2^17 where MaskedOptimizer fuses its write
-    job = DownpourConfig(model=MLP, model_kwargs={"hidden": 384}, data="study.ps.data:idx",
+    job = DownpourConfig(model=MLP, model_kwargs={"hidden": 384}, data="downpour.data:idx",
                          data_kwargs={"folder": mnist_files}, workers=2, ps=2, steps=48, n_fetch=2, n_push=2,
                          steps_per_function=4, optimizer="adam", learning_rate=0.003, shard_min_bytes=16 * 1024,
-                         freeze=["fc2/bias"], masks="study.ps.examples:random_mask", masks_kwargs={"keep": 0.5},
+                         freeze=["fc2/bias"], masks="downpour.examples:random_mask", masks_kwargs={"keep": 0.5},
                          checkpoint_every=8, checkpoint_dir=str(tmp_path / "ckpt"), eval_every=24)
     r = run_downpour(job, cluster, timeout_s=500)
     frozen = r["frozen"]
@@ -347,23 +395,24 @@ def test_adam_on_the_ps_with_frozen_entries_that_no_push_moves_then_a_refused_re
 @pytest.mark.cluster
 def test_a_failing_push_is_not_a_lost_ps_and_every_chief_error_ends_with_a_message_and_a_code(
         cluster, mnist_files, tmp_path, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    base = {"model": MLP, "model_kwargs": {"hidden": 8}, "data": "study.ps.data:idx",
+    base = {"model": MLP, "model_kwargs": {"hidden": 8}, "data": "downpour.data:idx",
             "data_kwargs": {"folder": mnist_files}, "steps": 8, "steps_per_function": 4}
     # a push that fails on ps:0 with InvalidArgumentError (its text names /job:ps): exit 1, not 75
-    code, log = _chief(cluster, {**base, "transform": "ps_hooks:nan_on_ps"}, tmp_path)
+    full = cluster.full_log("chief", 0)
+    start = full.stat().st_size if full.exists() else 0
+    code, log = _chief(cluster, {**base, "transform": "downpour.tests.ps_hooks:nan_on_ps"}, tmp_path)
     assert code == faults.EXIT_FAILED, log
     [last] = _said(log)
-    assert last.startswith("study.ps: the chief failed: InvalidArgumentError") and "poisoned gradient" in last, log
-    full = cluster.full_log("chief", 0).read_text()
-    assert last.endswith(f"(full log: {cluster.full_log('chief', 0)})") and "Traceback" in full  # kept, in the log
-    code, log = _chief(cluster, {**base, "model": "ps_hooks:broken_model", "model_kwargs": {}}, tmp_path)
+    assert last.startswith("downpour: the chief failed: InvalidArgumentError") and "poisoned gradient" in last, log
+    assert last.endswith(f"(full log: {full})") and "Traceback" in _since(full, start)  # kept, in the log
+    start = full.stat().st_size
+    code, log = _chief(cluster, {**base, "model": "downpour.tests.ps_hooks:broken_model", "model_kwargs": {}}, tmp_path)
     assert code == faults.EXIT_FAILED and "RuntimeError: this builder is broken on purpose" in log, log
-    assert "broken_model" in cluster.full_log("chief", 0).read_text()  # the catch-all kept the traceback
+    assert "broken_model" in _since(full, start)  # the catch-all kept the traceback
     missing = tmp_path / "no-such-folder"
     code, log = _chief(cluster, {**base, "data_kwargs": {"folder": str(missing)}}, tmp_path)
     assert code == faults.EXIT_BAD_INPUT, log
-    assert _said(log) == [f"study.ps: data: the chief cannot read the test split ({missing}/t10k-images-idx3-ubyte, "
+    assert _said(log) == [f"downpour: data: the chief cannot read the test split ({missing}/t10k-images-idx3-ubyte, "
                           f"{missing}/t10k-labels-idx1-ubyte): NotFoundError: {missing}/t10k-images-idx3-ubyte; "
                           "No such file or directory"], log
     code, log = _chief(cluster, {**base, "optimizer": "adamz"}, tmp_path)
@@ -373,8 +422,8 @@ def test_a_failing_push_is_not_a_lost_ps_and_every_chief_error_ends_with_a_messa
 @pytest.mark.slow
 @pytest.mark.cluster
 def test_the_walk_through_s_second_model_trains_with_adam_and_a_frozen_layer(cluster, tmp_path, monkeypatch):
-    """docs/parameter_server.md's job (examples/ps_tabular/job.json), shortened, on the module's cluster."""
-    repo = TESTS.parent
+    """lib/downpour/README.md's job (examples/ps_tabular/job.json), shortened, on the module's cluster."""
+    repo = REPO
     monkeypatch.syspath_prepend(str(repo))
     monkeypatch.chdir(repo)  # the chief imports examples.* from the repository root, as in the walk-through
     from examples.ps_tabular.data import write

@@ -29,7 +29,7 @@ def test_notebook_01_imports_what_it_uses_and_not_the_other_studies():
 
 def test_modules_started_as_subprocesses_by_name_are_followed():
     names = set(cache.modules(REPO / "notebooks" / "04_gradients_and_ps.ipynb"))
-    assert {"study.ps.roles", "study.ps.chief", "study.ps.worker"} <= names  # started as `python -m study.ps`
+    assert {"downpour.roles", "downpour.chief", "downpour.worker"} <= names  # started as `python -m downpour`
 
 
 def _tree(root: Path) -> Path:

@@ -1,5 +1,5 @@
 """A second model for the parameter server: a tabular classifier of breast-cancer biopsies, trained with Adam
-on the ps while its first layer stays frozen. Walk-through: ``docs/parameter_server.md``.
+on the ps while its first layer stays frozen. Walk-through: ``lib/downpour/README.md``.
 
 * ``data``:  ``python -m examples.ps_tabular.data FOLDER`` writes ``train.csv`` and ``test.csv``;
   ``dataset(split, folder)`` reads them with ``tf.data.experimental.CsvDataset`` on each worker.

@@ -1,6 +1,6 @@
 """A model with an ``Embedding`` and two inputs for the parameter server: token sequences and numeric features,
 one TFRecord file per worker, Adam on the ps, and the pre-trained rows of the embedding frozen while the new
-tokens' rows train. Walk-through: ``docs/parameter_server.md`` ("A model with an Embedding and two inputs").
+tokens' rows train. Walk-through: ``lib/downpour/README.md`` ("A model with an Embedding and two inputs").
 
 * ``data``:  ``python -m examples.ps_tokens.data FOLDER --workers 2`` writes ``train-0.tfrecord``,
   ``train-1.tfrecord`` and ``test.tfrecord``; ``dataset(split, folder, worker, workers)`` reads them on each worker.

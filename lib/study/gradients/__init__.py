@@ -2,7 +2,8 @@
 
 * ``config``: ``GradientStudyConfig``, every parameter of the notebook;
 * ``fetch``: all gradients in one pass against one per variable, and compute -> transform -> apply, exactly;
-* ``ps_tables``: the parameter-server runs (``study.ps``, beside this package) and the fault run as tables;
+* ``ps_tables``: the parameter-server runs (the package ``downpour``) and the fault run as tables;
+* ``ps_data``: the study's MNIST as IDX files, the data of every ``downpour`` job here;
 * ``staleness``: every gradient applied ``tau`` updates late, in one process;
 * ``findings``: the numbers the notebook's findings quote, and its headline;
 * ``plots``: the figures.

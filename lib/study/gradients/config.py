@@ -120,7 +120,7 @@ class GradientStudyConfig:
     ps_eval_every: int = 8
     n_push_sweep: Sequence[int] = (1, 8)
     n_push_sweep_steps: int = 128
-    fault_model: str = "study.ps.examples:mnist_mlp"
+    fault_model: str = "downpour.examples:mnist_mlp"
     fault_steps: int = 240
     faults: Sequence[str] = ("worker", "chief", "ps")
     # 7. Adam on the ps with frozen entries: an MLP, a random share masked_keep of fc1's kernel trains

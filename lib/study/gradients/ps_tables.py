@@ -1,4 +1,4 @@
-"""Study 04, sections 3-5 and 7: the asynchronous parameter-server runs (``study.ps``) as tables, and the fault run.
+"""Study 04, sections 3-5 and 7: the asynchronous parameter-server runs (``downpour``) as tables, and the fault run.
 
 * ``ps_table``, ``placement_table``, ``runs_display``, ``frozen_table``: one run of ``run_downpour`` per row,
   where each variable lives, and which frozen entries moved;
@@ -112,15 +112,15 @@ def frozen_table(result: Mapping[str, Any]) -> pd.DataFrame:
                          for path, r in result["frozen"]["per_variable"].items()])
 
 
-def fault_job(config: GradientStudyConfig) -> tuple[Any, Any]:
-    """The fault run: the job (2 workers, the ps tasks, checkpoints) and its ``Faults``, each fault in
-    ``config.faults`` at a fixed share of the run."""
-    from study.ps import DownpourConfig, Faults
+def fault_job(config: GradientStudyConfig, data: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The fault run: the job (2 workers, the ps tasks, checkpoints) on ``data`` (its ``data`` and ``data_kwargs``,
+    ``ps_data.mnist_job_data``) and its ``Faults``, each fault in ``config.faults`` at a fixed share of the run."""
+    from downpour import DownpourConfig, Faults
 
     updates = config.fault_steps // 2
     at = {"worker": 0.15, "chief": 0.35, "ps": 0.6}
     faults = Faults(**{f"{name}_at": max(1, int(at[name] * updates)) for name in config.faults})
-    job = DownpourConfig(model=config.fault_model, workers=2, ps=config.ps_tasks, steps=config.fault_steps,
+    job = DownpourConfig(**data, model=config.fault_model, workers=2, ps=config.ps_tasks, steps=config.fault_steps,
                          n_fetch=2, n_push=2, steps_per_function=4, learning_rate=0.1, optimizer="adagrad",
                          checkpoint_every=max(2, updates // 6), shard_min_bytes=64 * 1024, seed=config.seeds[0])
     return job, faults

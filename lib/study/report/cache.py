@@ -6,7 +6,7 @@ The key is a SHA-256 over (``key_parts``):
 * the lock file ``requirements.txt`` and the versions actually installed (``packages``);
 * the source bytes of every ``freezing`` / ``study`` module it imports (found statically with ``ast``,
   transitively, including package ``__init__.py`` files and modules named as ``"study.<module>"`` strings, which
-  is how child processes are started: ``python -m study.ps``);
+  is how child processes are started: ``python -m downpour``);
 * the content (SHA-256) of the data files the loader would read;
 * the content of every file of the results folder the notebook declares it reads (``reads``: notebook 05 reads
   studies 01-04's ``metrics.json`` for its which-method table);
@@ -32,7 +32,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-PACKAGES = ("freezing", "study")
+PACKAGES = ("freezing", "study", "downpour")
 """Top-level packages whose sources enter the key."""
 DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "keras", "numpy", "pandas", "matplotlib", "mlxtend", "papermill")
 """Installed distributions whose versions enter the key and the manifest."""
@@ -40,7 +40,7 @@ READS_KEY = "reads"
 """``notebook.metadata["study"]["reads"]``: files of the results folder a notebook reads (paths relative to it)."""
 LIB = Path(__file__).resolve().parents[2]
 """The folder holding ``freezing/`` and ``study/`` (``lib/``)."""
-_MODULE_STRING = re.compile(r"^(?:freezing|study)(?:\.[A-Za-z_]\w*)+")
+_MODULE_STRING = re.compile(r"^(?:freezing|study|downpour)(?:\.[A-Za-z_]\w*)+")
 
 
 def module_file(name: str, root: Path = LIB) -> Path | None:

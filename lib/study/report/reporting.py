@@ -15,40 +15,15 @@ from those records.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _umask()
-
-
-def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
-    """Call ``write(tmp_path)`` and rename the result to ``path``. ``atomic_write("a.csv", df.to_csv)``"""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    try:
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the mode open() would
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+from downpour.jsonio import atomic_write, read_json  # noqa: F401 - re-exported: the report's IO helpers
 
 
 def write_text(path: str | Path, text: str) -> Path:
@@ -294,17 +269,6 @@ def display_table(summary: pd.DataFrame, values: Sequence[str] | Mapping[str, st
         lo, hi = summary[f"{value}_min"], summary[f"{value}_max"]
         out[heading] = [f"{int(a):,}" if a == b else f"{int(a):,}–{int(b):,}" for a, b in zip(lo, hi)]  # en dash
     return out.set_index(list(index)).rename(columns=dict(names or {}))
-
-
-def read_json(path: str | Path, default: Any = None) -> Any:
-    """The JSON in ``path``, or ``default`` when the file is missing or not valid JSON (a run still writing it).
-
-    ``read_json(out / "metrics.json", {})``
-    """
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return default
 
 
 def for_display(table: pd.DataFrame, missing: str = "—") -> pd.DataFrame:

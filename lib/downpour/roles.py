@@ -1,27 +1,27 @@
-"""One entry point for every task of an asynchronous parameter-server job: ``python -m study.ps``.
+"""One entry point for every task of an asynchronous parameter-server job: ``python -m downpour``.
 
 ::
 
-    TF_CONFIG='{"cluster": {...}, "task": {"type": "ps", "index": 0}}'     python -m study.ps [--bind ADDRESS]
-    TF_CONFIG='{"cluster": {...}, "task": {"type": "worker", "index": 0}}' python -m study.ps [--bind ADDRESS]
-    TF_CONFIG='{"cluster": {...}, "task": {"type": "chief", "index": 0}}'  python -m study.ps \\
+    TF_CONFIG='{"cluster": {...}, "task": {"type": "ps", "index": 0}}'     python -m downpour [--bind ADDRESS]
+    TF_CONFIG='{"cluster": {...}, "task": {"type": "worker", "index": 0}}' python -m downpour [--bind ADDRESS]
+    TF_CONFIG='{"cluster": {...}, "task": {"type": "chief", "index": 0}}'  python -m downpour \\
         --job job.json --out result.json [--resume] [--bind ADDRESS]
 
 A ps or worker task serves until it is ended (Ctrl-C, or a signal); it imports no job code (the chief sends
 graphs). The chief is the coordinator: it reads the job (a JSON object of ``DownpourConfig`` fields, or a path to
 one), waits for every task (a timeout names the missing ones), checks the data against the model on itself and
 on every worker, puts the variables on the ps tasks, schedules the Downpour worker loop and writes its
-measurements to ``--out``. ``--bind`` makes the task listen on that address only (``study.ps.bind``).
-``LocalCluster`` runs exactly these commands; ``docs/parameter_server.md`` walks through running them by hand,
+measurements to ``--out``. ``--bind`` makes the task listen on that address only (``downpour.bind``).
+``LocalCluster`` runs exactly these commands; ``lib/downpour/README.md`` walks through running them by hand,
 on one machine and on several.
 
 Every task prints its own messages, one line each, to the terminal, and everything else (TensorFlow's log,
-tracebacks) to its log file in ``--log-dir``, which every error message names (``study.ps.console``).
+tracebacks) to its log file in ``--log-dir``, which every error message names (``downpour.console``).
 
-Exit codes (``study.ps.faults``): 0 done; 1 the chief failed (one line; the traceback is in the log file); 2 bad
-``TF_CONFIG``, flag, job or data file, or a port in use; 3 tasks unreachable; 4 ``--resume`` refused (checkpoint
-and sidecar disagree); 75 a ps task was lost (restart it, then the chief with ``--resume``); 130 stopped by
-Ctrl-C (SIGINT).
+Exit codes (``downpour.faults``): 0 done; 1 the chief failed (one line; the traceback is in the log file); 2 bad
+``TF_CONFIG``, flag, job or data file; 3 tasks unreachable; 4 ``--resume`` refused (checkpoint and sidecar
+disagree); 5 a ps or worker task's port is in use; 75 a ps task was lost (restart it, then the chief with
+``--resume``); 130 stopped by Ctrl-C (SIGINT).
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ import sys
 import traceback
 from typing import TYPE_CHECKING
 
-from study.ps import faults
+from downpour import faults
 
 if TYPE_CHECKING:
-    from study.ps.console import Console
+    from downpour.console import Console
 
-PROG = "python -m study.ps"
+PROG = "python -m downpour"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--bind", help="listen on this address only, e.g. 127.0.0.1 or a private 10.x address "
                                        "(TensorFlow alone listens on every interface, IPv4 and IPv6)")
     parser.add_argument("--log-dir", help="where the task's log file goes (TensorFlow's output, tracebacks); "
-                                          "default $TMPDIR/study-ps-<uid>")
+                                          "default $TMPDIR/downpour-<uid>")
     parser.add_argument("--worker-threads", type=int, default=1, help="worker only: intra-op threads (default 1)")
     parser.add_argument("--ps-threads", type=int, default=1, help="ps only: intra-op threads (default 1)")
     parser.add_argument("--no-pin", action="store_true", help="worker only: do not pin a 1-thread worker to a core")
@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _fail(message: str, code: int = faults.EXIT_BAD_INPUT) -> int:
-    print(f"study.ps: {message}", file=sys.stderr, flush=True)
+    print(f"downpour: {message}", file=sys.stderr, flush=True)
     return code
 
 
@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # argparse printed the usage and what is wrong
         return int(e.code or 0) and faults.EXIT_BAD_INPUT
-    from study.ps import bind
-    from study.ps.cluster import parse_tf_config, split_address
+    from downpour import bind
+    from downpour.cluster import parse_tf_config, split_address
 
     for flag in ("worker_threads", "ps_threads"):
         if getattr(args, flag) < 1:
@@ -81,12 +81,12 @@ def main(argv: list[str] | None = None) -> int:
             if bind.active() != address:  # start again with the checked bind() shim loaded
                 env = bind.environment(address)
                 sys.stdout.flush()
-                os.execve(sys.executable, [sys.executable, "-m", "study.ps", *argv], env)
+                os.execve(sys.executable, [sys.executable, "-m", "downpour", *argv], env)
     except (ValueError, bind.BindError) as e:
         return _fail(str(e))
     role, index = config["task"]["type"], config["task"]["index"]
     task = f"{role}:{index}"
-    from study.ps.console import Console
+    from downpour.console import Console
 
     try:
         console = Console.open(args.log_dir, role, index, split_address(config["cluster"][role][index])[1])
@@ -101,13 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     console.stop_on_sigint(task, "; the ps and worker tasks keep serving: start the chief again with --resume to "
                                  "continue from its last checkpoint")
     if args.local:
-        from study.ps.cluster import exit_with_parent
+        from downpour.cluster import exit_with_parent
 
         exit_with_parent()
     code = faults.EXIT_FAILED
     try:
-        from study.ps.chief import run_chief
-        from study.ps.config import job_from_dict, read_job
+        from downpour.chief import run_chief
+        from downpour.config import job_from_dict, read_job
 
         code = run_chief(job_from_dict(read_job(args.job)), config["cluster"], out=args.out, resume=args.resume,
                          say=console.say, where=console.where())
@@ -126,17 +126,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace, config: dict, console: Console) -> int:
     """A ps or worker task: serve until the process is ended (Ctrl-C: exit 130)."""
-    from study.ps import bind
-    from study.ps.cluster import ServeError, serve
+    from downpour import bind
+    from downpour.cluster import PortInUse, ServeError, serve
 
     try:
         serve(config, orphan_guard=args.local, worker_threads=args.worker_threads, pin=not args.no_pin,
               bind=args.bind and bind.check_address(args.bind), ps_threads=args.ps_threads,
-              say=console.say)
+              say=console.say, log=console.log)
     except (bind.BindError, ServeError) as e:
         console.say(f"{e}{console.where()}")
         sys.stdout.flush()
-        os._exit(faults.EXIT_BAD_INPUT)  # the server's threads would keep a normal exit waiting
+        # the server's threads would keep a normal exit waiting
+        os._exit(faults.EXIT_PORT_IN_USE if isinstance(e, PortInUse) else faults.EXIT_BAD_INPUT)
     return faults.EXIT_OK
 
 

@@ -19,6 +19,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from downpour.jsonio import write_json_atomic
+
 POINTER = "latest.json"
 SIDECAR = "state.json"
 PREFIX = "ckpt"
@@ -26,19 +28,6 @@ PREFIX = "ckpt"
 
 class ResumeRefused(ValueError):
     """``--resume`` cannot continue from this checkpoint folder; the message says what disagrees."""
-
-
-def write_json_atomic(path: str | Path, data: Any, durable: bool = True) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file, then renamed over it: a reader sees the old
-    file or the new one, whole. ``durable``: flush it to disk first (``fsync``), so that it survives a power cut."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _fsync_tree(folder: Path) -> None:

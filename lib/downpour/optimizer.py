@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from study.ps.config import DOWNPOUR_OPTIMIZERS, DownpourConfig, load_callable
+from downpour.config import DOWNPOUR_OPTIMIZERS, DownpourConfig, load_callable
 
 
 def resolve_masks(config: DownpourConfig, model: Any) -> dict[str, np.ndarray]:
@@ -148,7 +148,7 @@ class PsOptimizer:
         before it traces the worker function); a push traces it itself when it runs outside a strategy."""
         import tensorflow as tf
 
-        from study.ps import sparse as sp
+        from downpour import sparse as sp
 
         self._sparse = [bool(sparse[i]) for i in self.owner]
         if self.downpour:
@@ -180,7 +180,7 @@ class PsOptimizer:
         every write of the push is done (for the version bump's control dependencies)."""
         import tensorflow as tf
 
-        from study.ps import sparse as sp
+        from downpour import sparse as sp
 
         if self.downpour:
             return [self._downpour(k, piece) for k, piece in enumerate(pieces)]
@@ -199,7 +199,7 @@ class PsOptimizer:
         import tensorflow as tf
 
         from freezing import gradients
-        from study.ps import sparse as sp
+        from downpour import sparse as sp
 
         shard, lr = self.flat[k], self.config.learning_rate
         with tf.device(shard.device):  # the update runs on the ps that holds the shard

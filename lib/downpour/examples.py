@@ -2,8 +2,8 @@
 
 A job names them as text; the chief imports them and traces them into the graphs it sends::
 
-    DownpourConfig(model="study.ps.examples:mnist_mlp", model_kwargs={"hidden": 64},
-                   transform="study.ps.examples:decay", transform_kwargs={"factor": 0.5})
+    DownpourConfig(model="downpour.examples:mnist_mlp", model_kwargs={"hidden": 64},
+                   transform="downpour.examples:decay", transform_kwargs={"factor": 0.5})
 
 A model builder returns a Keras model (here from 28x28x1 images to 10 logits). A transform takes one gradient
 tensor (the sum of ``n_push`` steps' gradients of one variable) and returns ``T(g)``; it runs on the worker,
@@ -36,7 +36,7 @@ def decay(g: tf.Tensor, factor: float = 0.5) -> tf.Tensor:
 def random_mask(model: keras.Model, layer: str = "fc1", keep: float = 0.5, seed: int = 0) -> dict:
     """A job's ``masks`` hook: train a random share ``keep`` of ``layer``'s kernel entries, freeze the rest.
 
-    ``DownpourConfig(optimizer="adam", masks="study.ps.examples:random_mask", masks_kwargs={"keep": 0.3})``
+    ``DownpourConfig(optimizer="adam", masks="downpour.examples:random_mask", masks_kwargs={"keep": 0.3})``
     """
     import numpy as np
 

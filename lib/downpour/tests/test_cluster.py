@@ -3,6 +3,7 @@ address every task listens on."""
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -11,16 +12,16 @@ import time
 
 import pytest
 
-from study.ps import bind
-from study.ps.cluster import parse_tf_config, wait_for_tasks
-from study.ps.local import LocalCluster, free_ports, port_in_use
+from downpour import bind, faults
+from downpour.cluster import parse_tf_config, wait_for_tasks
+from downpour.local import LocalCluster, free_ports, port_in_use
 
 pytestmark = pytest.mark.cluster
 
 
 @pytest.mark.slow  # over 4 s: make test-slow (CI)
 def test_cluster_starts_listens_limits_workers_and_leaves_no_process_even_when_the_body_fails(alive):
-    with pytest.raises(RuntimeError, match="midway"):
+    with pytest.raises(RuntimeError, match="midway") as failed:
         with LocalCluster(workers=2, ps=1, start_timeout=120) as cluster:
             pids = cluster.pids
             assert len(pids) == 3 and all(alive(p) for p in pids)
@@ -36,6 +37,10 @@ def test_cluster_starts_listens_limits_workers_and_leaves_no_process_even_when_t
             raise RuntimeError("midway")
     assert not any(alive(p) for p in pids)
     assert not any(port_in_use(p) for p in ports)
+    # the body failed: the tasks' logs are kept, and the error says where
+    assert failed.value.__notes__ == [f"LocalCluster: the tasks' logs are kept in {cluster.logs}"]
+    assert (cluster.logs / "worker0.log").is_file()
+    shutil.rmtree(cluster.logs)
 
 
 def test_bad_counts_and_busy_ports_are_clear_errors():
@@ -53,10 +58,28 @@ def test_bad_counts_and_busy_ports_are_clear_errors():
             LocalCluster(workers=1, ps=1, ports=[port, *free_ports(2)])
 
 
-def test_a_cluster_that_cannot_start_times_out_with_a_message():
-    with pytest.raises(TimeoutError, match=r"not listening after 0.5 s"):
-        with LocalCluster(workers=1, ps=1, start_timeout=0.5):
+def test_a_cluster_that_cannot_start_times_out_with_a_message_naming_its_logs_which_it_keeps():
+    cluster = LocalCluster(workers=1, ps=1, start_timeout=0.5)
+    with pytest.raises(TimeoutError, match=rf"not listening after 0.5 s; logs in {cluster.logs}"):
+        with cluster:
             pass
+    assert cluster.logs.is_dir() and {p.name for p in cluster.logs.glob("*.log")} >= {"ps0.log", "worker0.log"}
+    shutil.rmtree(cluster.logs)
+
+
+def test_the_logs_folder_is_removed_after_a_clean_stop_and_kept_after_a_failure_named_in_its_message():
+    clean = LocalCluster(workers=1, ps=1)
+    assert clean.logs.is_dir()
+    clean.stop()
+    assert not clean.logs.exists()
+    failed = LocalCluster(workers=1, ps=1)
+    error = RuntimeError("the body failed")
+    failed.__exit__(RuntimeError, error, None)  # what `with` does when its body raises
+    assert failed.logs.is_dir() and error.__notes__ == [f"LocalCluster: the tasks' logs are kept in {failed.logs}"]
+    kept = LocalCluster(workers=1, ps=1, keep_logs=True)
+    kept.stop()
+    assert kept.logs.is_dir()
+    shutil.rmtree(failed.logs), shutil.rmtree(kept.logs)
 
 
 def test_unreachable_tasks_time_out_naming_each_one():
@@ -86,21 +109,21 @@ def test_tf_config_errors(text, match):
 
 @pytest.mark.slow  # over 15 s: make test-slow (CI)
 def test_entry_point_rejects_a_bad_tf_config_and_a_chief_without_a_job_with_exit_2():
-    run = subprocess.run([sys.executable, "-m", "study.ps"], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "downpour"], capture_output=True, text=True,
                          env=dict(os.environ, TF_CONFIG="{oops"), timeout=120)
     assert run.returncode == 2
-    assert "study.ps: TF_CONFIG: not valid JSON" in run.stderr
+    assert "downpour: TF_CONFIG: not valid JSON" in run.stderr
     chief = json.dumps({"cluster": {"chief": ["localhost:1"], "worker": ["localhost:2"], "ps": ["localhost:3"]},
                         "task": {"type": "chief"}})
-    run = subprocess.run([sys.executable, "-m", "study.ps"], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "downpour"], capture_output=True, text=True,
                          env=dict(os.environ, TF_CONFIG=chief), timeout=120)
     assert run.returncode == 2 and "the chief needs --job" in run.stderr
     for job, message in (('{"stepz": 3}', "--job: unknown field 'stepz'; allowed: model, model_kwargs, data"),
                          ('{"optimizer": "adamz"}', "optimizer: got 'adamz'; allowed: 'sgd', 'adagrad'"),
                          ("no-such-job.json", "--job: 'no-such-job.json' is neither a JSON object nor a file")):
-        run = subprocess.run([sys.executable, "-m", "study.ps", "--job", job], capture_output=True, text=True,
+        run = subprocess.run([sys.executable, "-m", "downpour", "--job", job], capture_output=True, text=True,
                              env=dict(os.environ, TF_CONFIG=chief), timeout=120)
-        assert run.returncode == 2 and f"study.ps: {message}" in run.stderr, run.stderr[-500:]
+        assert run.returncode == 2 and f"downpour: {message}" in run.stderr, run.stderr[-500:]
     ok = parse_tf_config(json.dumps({"cluster": {"worker": ["h:1"], "ps": ["h:2"]}, "task": {"type": "ps"}}))
     assert ok["task"] == {"type": "ps", "index": 0}
 
@@ -115,7 +138,7 @@ def test_a_task_started_by_hand_with_bind_listens_there_only_and_without_it_on_e
         for job, flags in (("ps", ["--bind", "127.0.0.1"]), ("worker", [])):
             config = json.dumps({"cluster": spec, "task": {"type": job, "index": 0}})
             with open(tmp_path / f"{job}.log", "w") as log:
-                started.append(subprocess.Popen([sys.executable, "-m", "study.ps", *flags], start_new_session=True,
+                started.append(subprocess.Popen([sys.executable, "-m", "downpour", *flags], start_new_session=True,
                                                 env=dict(os.environ, TF_CONFIG=config), stdout=log,
                                                 stderr=subprocess.STDOUT))
         wait_for_tasks(spec, timeout=120)
@@ -130,7 +153,7 @@ def test_a_task_started_by_hand_with_bind_listens_there_only_and_without_it_on_e
             process.wait()
     assert "listening on 127.0.0.1" in (tmp_path / "ps.log").read_text()
     assert not any(alive(p.pid) for p in started)
-    run = subprocess.run([sys.executable, "-m", "study.ps", "--bind", "somewhere"], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "downpour", "--bind", "somewhere"], capture_output=True, text=True,
                          env=dict(os.environ, TF_CONFIG=json.dumps({"cluster": spec, "task": {"type": "ps"}})),
                          timeout=120)
     assert run.returncode == 2 and "--bind: expected an IP address of this machine" in run.stderr
@@ -140,9 +163,9 @@ def test_a_task_started_by_hand_with_bind_listens_there_only_and_without_it_on_e
 
 
 def _task(job: str, spec: dict, log_dir, *flags: str, index: int = 0, env: dict | None = None) -> subprocess.Popen:
-    """``python -m study.ps`` for one task, its terminal output in a pipe (not a new session: it gets Ctrl-C)."""
+    """``python -m downpour`` for one task, its terminal output in a pipe (not a new session: it gets Ctrl-C)."""
     config = json.dumps({"cluster": spec, "task": {"type": job, "index": index}})
-    return subprocess.Popen([sys.executable, "-m", "study.ps", "--log-dir", str(log_dir), *flags],
+    return subprocess.Popen([sys.executable, "-m", "downpour", "--log-dir", str(log_dir), *flags],
                             env={**os.environ, "TF_CONFIG": config, **(env or {})}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
@@ -169,8 +192,12 @@ def test_ctrl_c_ends_a_ps_task_a_worker_and_a_chief_within_seconds_with_exit_cod
             _wait_for_line(process, f"serving {job}:0 ")
         # a chief waiting for tasks that never come (its start_timeout is long)
         other = {"chief": spec["chief"], "ps": [f"localhost:{free_ports(1)[0]}"], "worker": spec["worker"]}
-        tasks["chief"] = _task("chief", other, tmp_path, "--job", '{"start_timeout": 600, "data": "study.ps.data:idx"}')
-        time.sleep(8)  # past its imports, into its wait
+        tasks["chief"] = _task("chief", other, tmp_path, "--job", '{"start_timeout": 600, "data": "downpour.data:idx"}')
+        deadline, log = time.monotonic() + 120, tmp_path / f"chief-0-{ports[0]}.log"
+        while not (log.exists() and "==== Ctrl-C (SIGINT) ends chief:0" in log.read_text()):  # its handler is set
+            assert time.monotonic() < deadline and tasks["chief"].poll() is None, "the chief never set its handler"
+            time.sleep(0.1)
+        time.sleep(5)  # most likely past its imports, into its wait (the handler works wherever it is)
         for job, process in tasks.items():
             assert process.poll() is None, job
             started = time.monotonic()
@@ -178,7 +205,7 @@ def test_ctrl_c_ends_a_ps_task_a_worker_and_a_chief_within_seconds_with_exit_cod
             assert process.wait(timeout=10) == 130, job
             assert time.monotonic() - started < 5, job
             rest = [line for line in process.stdout.read().splitlines() if line.strip()]
-            assert rest[-1].startswith(f"study.ps: {job}:0: stopped by Ctrl-C (SIGINT), exit code 130"), rest
+            assert rest[-1].startswith(f"downpour: {job}:0: stopped by Ctrl-C (SIGINT), exit code 130"), rest
             assert not any("Traceback" in line or "KeyboardInterrupt" in line for line in rest), rest
     finally:
         for process in tasks.values():
@@ -198,8 +225,8 @@ def test_a_port_in_use_gives_one_line_naming_the_port_and_the_task_and_the_log_f
         process = _task("ps", spec, tmp_path)
         out, _ = process.communicate(timeout=120)
     lines = [line for line in out.splitlines() if line.strip()]
-    assert process.returncode == 2
-    assert lines == [f"study.ps: ps:0 cannot listen on port {port} (localhost:{port}): the port is in use by another "
+    assert process.returncode == faults.EXIT_PORT_IN_USE == 5  # its own code, not a bad argument's 2
+    assert lines == [f"downpour: ps:0 cannot listen on port {port} (localhost:{port}): the port is in use by another "
                      f"process; stop it or give this task another port in TF_CONFIG (full log: "
                      f"{tmp_path}/ps-0-{port}.log)"], out
     assert (tmp_path / f"ps-0-{port}.log").read_text().count("\n") > 1  # TensorFlow's own text went there
@@ -210,11 +237,11 @@ def test_without_a_compiler_bind_gives_one_line_and_local_cluster_refuses(tmp_pa
     empty.mkdir()
     bare = {"PATH": str(empty), "CC": "", "XDG_CACHE_HOME": str(tmp_path / "cache")}
     spec = {"ps": ["localhost:1"], "worker": ["localhost:2"]}
-    run = subprocess.run([sys.executable, "-m", "study.ps", "--bind", "127.0.0.1"], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "downpour", "--bind", "127.0.0.1"], capture_output=True, text=True,
                          env={**os.environ, **bare, "TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": "ps"}})},
                          timeout=120)
     assert run.returncode == 2 and run.stdout == ""
-    assert run.stderr.splitlines() == ["study.ps: --bind: needs a C compiler (cc, gcc or clang, or $CC) to build a "
+    assert run.stderr.splitlines() == ["downpour: --bind: needs a C compiler (cc, gcc or clang, or $CC) to build a "
                                        "60-line bind() shim once, because TensorFlow's server always listens on "
                                        "every interface ([::]); install one, or leave --bind out and keep the "
                                        "cluster on a private network or behind a firewall"], run.stderr
@@ -229,7 +256,7 @@ def test_without_a_compiler_bind_gives_one_line_and_local_cluster_refuses(tmp_pa
 def test_the_cached_shim_is_checked_before_it_is_loaded(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     built = bind.build_shim()
-    assert built == bind.cached_shim() and built.name == f"libstudy_ps_bind-{bind.shim_key()[:16]}.so"
+    assert built == bind.cached_shim() and built.name == f"libdownpour_bind-{bind.shim_key()[:16]}.so"
     stamp = built.stat().st_mtime_ns
     built.write_bytes(built.read_bytes() + b"tampered")  # its bytes no longer match the manifest
     assert bind.cached_shim() is None
@@ -247,7 +274,7 @@ def test_the_cached_shim_is_checked_before_it_is_loaded(tmp_path, monkeypatch):
 
 
 def test_ipv6_addresses_are_understood_and_an_evaluator_is_refused():
-    from study.ps.cluster import reachable, split_address
+    from downpour.cluster import reachable, split_address
 
     assert split_address("[::1]:2222") == ("::1", 2222) and split_address("host:22") == ("host", 22)
     if socket.has_ipv6:
@@ -262,5 +289,5 @@ def test_ipv6_addresses_are_understood_and_an_evaluator_is_refused():
                                        "task": {"type": "ps"}}))["cluster"]["ps"] == ["[fe80::1]:2"]
     with pytest.raises(ValueError, match="must be a non-empty list of 'host:port'"):
         parse_tf_config(json.dumps({"cluster": {"worker": ["::1:1"]}, "task": {"type": "worker"}}))
-    with pytest.raises(ValueError, match="TF_CONFIG: study.ps has no evaluator task"):
+    with pytest.raises(ValueError, match="TF_CONFIG: downpour has no evaluator task"):
         parse_tf_config(json.dumps({"cluster": {"worker": ["a:1"], "evaluator": ["a:2"]}, "task": {"type": "worker"}}))

@@ -1,10 +1,10 @@
 """A TensorFlow gRPC cluster: ``TF_CONFIG`` checks, reachability, and one server per ps or worker task.
 
 Every task of a parameter-server job (ps, worker, chief) starts with the same command, on this machine or on
-several; only ``TF_CONFIG`` differs (``python -m study.ps``, see ``study.ps.roles``)::
+several; only ``TF_CONFIG`` differs (``python -m downpour``, see ``downpour.roles``)::
 
     TF_CONFIG='{"cluster": {"chief": ["host0:2222"], "ps": ["host1:2222"], "worker": ["host2:2222"]},
-                "task": {"type": "worker", "index": 0}}' python -m study.ps
+                "task": {"type": "worker", "index": 0}}' python -m downpour
 
 Each worker computes on one core by default: ``intra_op_parallelism_threads=1`` and, where the OS allows it,
 ``os.sched_setaffinity`` to core ``index % cores``. Without that limit every worker's runtime spreads its
@@ -14,7 +14,7 @@ applies updates on ``ps_threads`` intra-op threads (default 1).
 **Security.** A TensorFlow server speaks unauthenticated gRPC and runs any graph it is sent (TensorFlow's
 SECURITY.md): whoever reaches its port can read and write every variable and run code in the task. TensorFlow
 2.21's server listens on every interface of its port, IPv4 and IPv6 (``grpc_server_lib.cc`` binds ``[::]``);
-``study.ps.bind`` restricts it to one address. Run a cluster on a private network only.
+``downpour.bind`` restricts it to one address. Run a cluster on a private network only.
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 JOBS = ("chief", "ps", "worker")
 """The jobs of a parameter-server cluster. TensorFlow also knows ``evaluator``; here the chief evaluates
 snapshots itself (``eval_every``), so a ``TF_CONFIG`` that names an evaluator is refused."""
-ENTRY_POINT = ("-m", "study.ps")
-"""What ``LocalCluster`` runs for every task: ``python -m study.ps`` with the task's ``TF_CONFIG``."""
+ENTRY_POINT = ("-m", "downpour")
+"""What ``LocalCluster`` runs for every task: ``python -m downpour`` with the task's ``TF_CONFIG``."""
 
 
 def parse_tf_config(text: str | None = None) -> dict[str, Any]:
@@ -49,7 +50,7 @@ def parse_tf_config(text: str | None = None) -> dict[str, Any]:
         raise ValueError("TF_CONFIG: 'cluster' must map job names (worker, ps, ...) to lists of 'host:port'")
     for job, addresses in cluster.items():
         if job == "evaluator":
-            raise ValueError("TF_CONFIG: study.ps has no evaluator task (the chief evaluates snapshots of the ps "
+            raise ValueError("TF_CONFIG: downpour has no evaluator task (the chief evaluates snapshots of the ps "
                              "itself, every eval_every updates); remove 'evaluator' from the cluster")
         if job not in JOBS:
             raise ValueError(f"TF_CONFIG: unknown job {job!r}; allowed: {', '.join(JOBS)}")
@@ -123,7 +124,7 @@ def wait_for_tasks(cluster: dict[str, list[str]], timeout: float, jobs: tuple[st
         if time.monotonic() > deadline:
             names = ", ".join(f"{name} ({a})" for name, a in waiting.items())
             raise TimeoutError(f"cluster: {names} not reachable after {timeout:g} s; start those tasks "
-                               f"(python -m study.ps with their TF_CONFIG) or fix the addresses")
+                               f"(python -m downpour with their TF_CONFIG) or fix the addresses")
         time.sleep(0.2)
 
 
@@ -155,22 +156,33 @@ def server_config(job: str, workers: int, worker_threads: int = 1, ps_threads: i
 
 
 class ServeError(RuntimeError):
-    """A ps or worker task cannot serve (its port is in use, its server does not start); the message says which."""
+    """A ps or worker task cannot serve (its server does not start); the message says why."""
+
+
+class PortInUse(ServeError):
+    """A ps or worker task cannot listen: another process holds its port (exit code 5, ``faults.EXIT_PORT_IN_USE``)."""
+
+
+CHIEF_FINISHED = "==== downpour: the chief finished its job ===="
+"""What a chief that finished its job writes into every ps and worker task's log (a ``tf.print`` placed on the
+task) before it exits, so that the task tells a finished chief from a lost one."""
 
 
 def serve(config: dict[str, Any] | None = None, orphan_guard: bool = False, worker_threads: int = 1,
           pin: bool = True, bind: str | None = None, ps_threads: int = 1,
-          say: Callable[[str], None] = print, chief_poll_s: float = 1.0) -> None:
+          say: Callable[[str], None] = print, chief_poll_s: float = 1.0, log: Path | None = None) -> None:
     """Run one ps or worker task's ``tf.distribute.Server`` until the process is ended. ``serve(parse_tf_config())``
 
     A worker computes on ``worker_threads`` intra-op threads and, with ``pin`` and one thread, on one core; a ps
     task on ``ps_threads``. ``bind``: the address the task must listen on, checked once it listens
-    (``study.ps.bind``; the process must have been started with ``study.ps.bind.environment``).
+    (``downpour.bind``; the process must have been started with ``downpour.bind.environment``).
     ``orphan_guard`` (set by ``LocalCluster``) ends the task when its launcher dies. Prints ``serving <job>:<i>
-    at grpc://...; listening on ...``; then ``say`` s one line each time the chief's address stops answering
-    (the chief finished or was lost). Raises ``ServeError`` when the server cannot start (a port in use).
+    at grpc://...; listening on ...``; then ``say`` s one line each time the chief's address stops answering: the
+    chief finished its job (it wrote ``CHIEF_FINISHED`` into ``log``, this task's log file, since it came up), or
+    it has gone before the end (lost, or stopped). Raises ``PortInUse`` when another process holds the port,
+    ``ServeError`` when the server cannot start for another reason.
     """
-    from study.ps import bind as bind_address
+    from downpour import bind as bind_address
 
     config = config or parse_tf_config()
     job, index = config["task"]["type"], config["task"]["index"]
@@ -192,7 +204,7 @@ def serve(config: dict[str, Any] | None = None, orphan_guard: bool = False, work
                                       config=server_config(job, workers, worker_threads, ps_threads))
     except (tf.errors.OpError, RuntimeError, ValueError) as e:
         if listening_elsewhere(port):
-            raise ServeError(f"{job}:{index} cannot listen on port {port} ({address}): the port is in use by another "
+            raise PortInUse(f"{job}:{index} cannot listen on port {port} ({address}): the port is in use by another "
                              "process; stop it or give this task another port in TF_CONFIG") from None
         raise ServeError(f"{job}:{index} cannot start its server on {address}: "
                          f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
@@ -203,22 +215,47 @@ def serve(config: dict[str, Any] | None = None, orphan_guard: bool = False, work
     if orphan_guard:
         exit_with_parent()
     chief = (config["cluster"].get("chief") or [None])[0]
-    seen = False
+    seen, since = False, 0
     while True:  # instead of server.join(), which never returns to Python: the chief is watched from here
         time.sleep(chief_poll_s)
         if chief is None:
             continue
         up = reachable(chief, timeout=min(0.5, chief_poll_s))
+        if up and not seen:  # a chief (a new one, maybe): what it writes into this task's log starts here
+            since = _size(log)
         if seen and not up:
-            say(f"{job}:{index}: the chief ({chief}) has gone (finished, or lost); this task keeps serving: start "
-                "the chief again, with --resume to continue from its last checkpoint")
+            if CHIEF_FINISHED in _read_from(log, since):
+                say(f"{job}:{index}: the chief ({chief}) finished its job; this task keeps serving, for the next "
+                    "job's chief")
+            else:
+                say(f"{job}:{index}: the chief ({chief}) has gone before the end of its job (lost, or stopped); this "
+                    "task keeps serving: start the chief again, with --resume to continue from its last checkpoint")
         seen = up
     del server  # pragma: no cover - the loop ends only with the process
 
 
+def _size(path: Path | None) -> int:
+    try:
+        return path.stat().st_size if path is not None else 0
+    except OSError:
+        return 0
+
+
+def _read_from(path: Path | None, offset: int) -> str:
+    """What was written to ``path`` after its first ``offset`` bytes ("" without a log)."""
+    if path is None:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def listening_elsewhere(port: int) -> bool:
     """Whether another process listens on TCP ``port`` here (any address). ``listening_elsewhere(22)``"""
-    from study.ps import bind as bind_address
+    from downpour import bind as bind_address
 
     return bool(bind_address.listening(port)) or reachable(f"localhost:{port}", timeout=0.2)
 

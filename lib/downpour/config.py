@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from study.validation import check_choice, check_positive_int, check_range
+from downpour.checks import check_choice, check_positive_int, check_range
 
 DOWNPOUR_OPTIMIZERS = ("sgd", "adagrad")
 """Downpour's own update rules, applied next to each shard: ``v -= lr*T(g)`` and DistBelief's Adagrad."""
@@ -28,13 +28,13 @@ dict ``{"class_name": "SGD", "config": {"momentum": 0.9}}``)."""
 MASK_POLICIES = ("hold", "reset", "none")
 """``freezing.MaskedOptimizer``'s policies (``"hold"``: frozen entries and their optimizer state keep their bits)."""
 FAULT_FIELDS = ("kill_worker_at", "kill_ps_at", "kill_chief_at")
-"""Fault injection is not part of a job: ``run_downpour(job, faults=Faults(...))`` (``study.ps.launcher``)."""
+"""Fault injection is not part of a job: ``run_downpour(job, faults=Faults(...))`` (``downpour.launcher``)."""
 
 
 def load_callable(spec: str, name: str) -> Callable[..., Any]:
     """Import ``"module:function"`` and return the function, else a ``ValueError`` naming ``name``.
 
-    ``load_callable("study.models:deep_mnist_cnn", "model")``
+    ``load_callable("downpour.examples:mnist_mlp", "model")``
     """
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
         raise ValueError(f"{name}: expected 'module:function' (an importable callable); got {spec!r}")
@@ -104,8 +104,8 @@ class DownpourConfig:
       when it runs (``FixedLengthRecordDataset``, ``TFRecordDataset``, ``CsvDataset``...), so that each worker
       reads them from its own disk. ``x`` and ``y`` may be tensors or dicts / lists of tensors (a model with
       several inputs or outputs); they are checked against the model's inputs before training. When it also takes ``worker`` and ``workers`` it shards the training data
-      itself; else every worker keeps every ``workers``-th element. None: the study's MNIST (``run_downpour``
-      writes it as IDX files for ``study.ps.data:idx``).
+      itself; else every worker keeps every ``workers``-th element. A job must name one; ``downpour.data:idx``
+      reads MNIST's IDX files (``data_kwargs={"folder": ...}``).
     * ``loss``: None (sparse categorical cross-entropy, ``from_logits``), a Keras loss name or config dict, or a
       ``"module:function"`` of ``(y_true, y_pred)``.
     * ``optimizer`` on the ps: ``"sgd"`` (Downpour's ``v -= lr*T(g)``, the default) or ``"adagrad"`` (DistBelief's
@@ -118,11 +118,14 @@ class DownpourConfig:
     * ``local_learning_rate``: the workers' local SGD steps between fetches (None: ``learning_rate``).
     * ``sparse_push``: a gradient that arrives as ``tf.IndexedSlices`` (an ``Embedding``'s) is pushed as the rows
       it touches, each once (True, default), or as a dense tensor (False, for comparison).
+    * ``sparse_fetch``: an ``Embedding`` fed directly by a model input is fetched as the rows the next ``n_fetch``
+      batches look up (True, default; the worker reads those batches first), or whole (False, for comparison); a
+      table whose rows cannot be known from the inputs is fetched whole, and the result says why.
 
     Faults for experiments are not part of a job: ``run_downpour(job, faults=Faults(...))``.
     """
 
-    model: str = "study.models:deep_mnist_cnn"
+    model: str = "downpour.examples:mnist_mlp"
     model_kwargs: dict = field(default_factory=dict)
     data: str | None = None
     data_kwargs: dict = field(default_factory=dict)
@@ -147,6 +150,7 @@ class DownpourConfig:
     transform: str | None = None
     transform_kwargs: dict = field(default_factory=dict)
     sparse_push: bool = True
+    sparse_fetch: bool = True
     shard_min_bytes: int = 256 * 1024
     seed: int = 0
     eval_every: int = 0
@@ -198,6 +202,8 @@ class DownpourConfig:
                              f"masks")
         if not isinstance(self.sparse_push, bool):
             raise ValueError(f"sparse_push: expected true or false; got {self.sparse_push!r}")
+        if not isinstance(self.sparse_fetch, bool):
+            raise ValueError(f"sparse_fetch: expected true or false; got {self.sparse_fetch!r}")
         if self.warmup_functions is not None:
             check_positive_int("warmup_functions", self.warmup_functions)
 

@@ -4,7 +4,7 @@ The chief builds the job's Keras model once and copies its values into plain ``t
 ``tf.device`` of the ps task that holds it, with no ``tf.distribute`` strategy in force (the strategy only
 schedules the workers' functions and their datasets). A variable of at least ``shard_min_bytes`` is split along
 axis 0 over the ps tasks (``MinSizePartitioner``'s count; shard ``j`` on task ``j``); smaller ones go round
-robin. Workers fetch values and push gradients inside the scheduled function (``study.ps.worker``); nothing else
+robin. Workers fetch values and push gradients inside the scheduled function (``downpour.worker``); nothing else
 moves.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from study.ps import sparse as sp
-from study.ps.config import DownpourConfig
-from study.ps.optimizer import PsOptimizer, resolve_masks, short
+from downpour import sparse as sp
+from downpour.config import DownpourConfig
+from downpour.optimizer import PsOptimizer, resolve_masks, short
 
 INT64_MAX = 2 ** 63 - 1
 
@@ -95,6 +95,7 @@ class PsVariables:
         self.masks = {self.paths.index(p): keep for p, keep in masks.items()}
         self.optimizer = PsOptimizer(config, self.shards, self.masks)
         self.initial_seed_state = [model.non_trainable_variables[i].numpy() for i in self.seed_slots]
+        self.sparse: list[bool] = [False] * len(self.paths)  # per variable: an IndexedSlices gradient (prepare)
 
     def checkpoint(self) -> Any:
         """A ``tf.train.Checkpoint`` of everything the ps holds (parameters, optimizer state and masks, version)."""
@@ -104,19 +105,35 @@ class PsVariables:
                                    optimizer=self.optimizer.variables)
 
     def fetch(self) -> tuple[Any, list[Any], list[Any]]:
-        """Read the version, then every parameter (one network read per shard)."""
+        """Read the version, then every parameter (one network read per shard), then the shared state."""
+        return self.fetch_rows()[:3]
+
+    def fetch_rows(self, rows: dict[int, Any] | None = None) -> tuple[Any, list[Any], list[Any], Any]:
+        """``fetch``, but a variable ``i`` in ``rows`` only at the rows ``rows[i]`` (unique int64 ids), each gathered on
+        its shard (``sparse.gather_rows``: zeros elsewhere); also returns the parameter bytes that came over."""
         import tensorflow as tf
 
+        rows = rows or {}
         version = self.version.read_value()
+        moved = tf.constant(0, tf.int64)
+        weights = []
         with tf.control_dependencies([version]):
-            weights = [tf.concat([s.read_value() for s in shards], 0) if len(shards) > 1 else shards[0].read_value()
-                       for shards in self.shards]
+            for i, shards in enumerate(self.shards):
+                if i in rows:
+                    table, size = sp.gather_rows(shards, rows[i])
+                    weights.append(table)
+                    moved += size
+                    continue
+                weights.append(tf.concat([s.read_value() for s in shards], 0) if len(shards) > 1
+                               else shards[0].read_value())
+                moved += sum(_bytes(s) for s in shards)
             state = [v.read_value() for v in self.shared_state]
-        return version, weights, state
+        return version, weights, state, moved
 
     def prepare(self, sparse: list[bool]) -> None:
         """Say which variables' gradients are ``IndexedSlices`` (per variable) and trace the ps updates for them;
         the chief calls it outside the strategy, before tracing the worker function."""
+        self.sparse = [bool(s) for s in sparse]
         self.optimizer.prepare([bool(s) and self.config.sparse_push for s in sparse])
 
     def push(self, grads: list[Any], state: list[Any]) -> tuple[Any, Any]:

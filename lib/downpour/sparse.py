@@ -96,6 +96,27 @@ def split_rows(g: Any, sizes: Sequence[int]) -> list[Any]:
     return pieces
 
 
+def gather_rows(shards: Sequence[Any], ids: Any) -> tuple[Any, Any]:
+    """Rows ``ids`` (unique int64) of a variable split along axis 0 over ``shards``, each gathered on its shard's
+    device: a full-size tensor with those rows filled and zeros elsewhere (rows nobody reads), and the bytes that
+    came over (the rows and their int64 indices)."""
+    import tensorflow as tf
+
+    full = [sum(int(s.shape[0]) for s in shards), *[int(d) for d in shards[0].shape[1:]]]
+    table = tf.zeros(full, shards[0].dtype)
+    moved = tf.constant(0, tf.int64)
+    start = 0
+    for shard in shards:
+        size = int(shard.shape[0])
+        inside = tf.boolean_mask(ids, (ids >= start) & (ids < start + size))
+        with tf.device(shard.device):
+            rows = tf.gather(shard, inside - start)
+        table = tf.tensor_scatter_nd_update(table, tf.reshape(inside, (-1, 1)), rows)
+        moved += tf.size(rows, tf.int64) * rows.dtype.size + tf.size(inside, tf.int64) * 8
+        start += size
+    return table, moved
+
+
 def payload_bytes(pieces: Sequence[Any]) -> Any:
     """Bytes of the tensors in ``pieces`` (an ``IndexedSlices``: its values and int64 row indices), int64."""
     import tensorflow as tf

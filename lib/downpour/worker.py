@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from study.ps.config import DownpourConfig, load_callable
-from study.ps.model import make_loss
-from study.ps.variables import PsVariables
+from downpour.config import DownpourConfig, load_callable
+from downpour.model import make_loss, row_inputs
+from downpour.variables import PsVariables
 
 
 def gradient_kinds(model: Any, ps: PsVariables, config: DownpourConfig, element_spec: Any) -> list[bool]:
@@ -62,7 +62,7 @@ def worker_function(model: Any, ps: PsVariables, config: DownpourConfig, worker_
     """
     import tensorflow as tf
 
-    from study.ps import sparse as sp
+    from downpour import sparse as sp
 
     loss_fn = make_loss(config)
     transform = None
@@ -71,28 +71,35 @@ def worker_function(model: Any, ps: PsVariables, config: DownpourConfig, worker_
         kwargs = dict(config.transform_kwargs)
         transform = (lambda g: hook(g, **kwargs)) if kwargs else hook
     lr = config.local_lr
-    from study.ps.data import shards_itself
+    from downpour.data import shards_itself
 
     check_shards = not shards_itself(config)
     masks = {i: keep for i, keep in ps.masks.items()}  # constants of the function: sent once with it
+    rows_of = row_inputs(model, ps.paths, ps.sparse)[0] if config.sparse_fetch else {}
 
     @tf.function
     def run(iterator: Any) -> dict[str, Any]:
         worker = worker_index()
         started = tf.timestamp() if timestamps else tf.constant(0.0, tf.float64)
-        versions, staleness, losses, sent = [], [], [], []
+        versions, staleness, losses, sent, fetched = [], [], [], [], []
         foreign = tf.constant(0, tf.int64)
         keep = {i: tf.constant(k) for i, k in masks.items()}
         for step in range(config.steps_per_function):
             if step % config.n_fetch == 0:  # fetch: a fresh local copy of the parameters
+                ids = {}
+                if rows_of:  # an Embedding's rows: those the next n_fetch batches look up, read first
+                    ahead = [next(iterator) for _ in range(config.n_fetch)]
+                    ids = {i: tf.unique(tf.concat([tf.reshape(tf.cast(tf.nest.flatten(b[0])[k], tf.int64), [-1])
+                                                   for b in ahead], 0))[0] for i, k in rows_of.items()}
                 with tf.control_dependencies([started]):
-                    fetched_at, weights, state = ps.fetch()
+                    fetched_at, weights, state, moved = ps.fetch_rows(ids)
+                fetched.append(moved)
                 own_pushes = 0
                 seeds = [tf.stack([tf.cast(s[0], tf.int64) + 1000 * (tf.cast(worker, tf.int64) + 1),
                                    fetched_at * 64 + step]) for s in ps.initial_seed_state]
             if step % config.n_push == 0:
                 accumulated = [None] * len(weights)
-            x, y, index = next(iterator)
+            x, y, index = ahead[step % config.n_fetch] if rows_of else next(iterator)
             with tf.GradientTape() as tape:  # compute, on the local copy
                 tape.watch(weights)
                 out, new_state = model.stateless_call(weights, ps.full_state(seeds, state), x, training=True)
@@ -114,7 +121,7 @@ def worker_function(model: Any, ps: PsVariables, config: DownpourConfig, worker_
         with tf.control_dependencies([version]):  # the clock stops after the last push
             ended = tf.timestamp() if timestamps else tf.identity(started)
         return {"versions": tf.stack(versions), "staleness": tf.stack(staleness), "loss": tf.stack(losses),
-                "pushed_bytes": tf.stack(sent),
+                "pushed_bytes": tf.stack(sent), "fetched_bytes": tf.stack(fetched),
                 "samples": tf.constant(config.steps_per_function * config.batch, tf.int64),
                 "foreign_samples": foreign if check_shards else tf.constant(-1, tf.int64),
                 "worker": worker, "started": started, "ended": ended}
@@ -136,8 +143,8 @@ def local_steps_per_s(config: DownpourConfig, functions: int = 8, repeats: int =
         limits += f", pinned to core {core}"
     import tensorflow as tf
 
-    from study.ps.data import element_spec, train_dataset
-    from study.ps.model import build_model
+    from downpour.data import element_spec, train_dataset
+    from downpour.model import build_model
 
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(4)

@@ -23,6 +23,9 @@ EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3
 EXIT_RESUME_REFUSED = 4
 """``--resume`` found a checkpoint and sidecar that disagree; nothing was trained."""
+EXIT_PORT_IN_USE = 5
+"""A ps or worker task cannot listen: its port is in use by another process (stop it, or give the task another
+port in ``TF_CONFIG``)."""
 EXIT_PS_LOST = 75
 """A ps task was lost: restart it, then the chief with ``--resume`` (``EX_TEMPFAIL``)."""
 
@@ -62,7 +65,7 @@ def lost_ps_tasks(error: BaseException, ps_addresses: list[str], probe: Callable
     times, half a second apart, so a task that is merely slow is not declared lost.
     ``lost_ps_tasks(e, ["localhost:2221", "localhost:2222"])``
     """
-    from study.ps.cluster import reachable
+    from downpour.cluster import reachable
 
     if not any(isinstance(e, connection_errors()) for e in error_chain(error)):
         return []

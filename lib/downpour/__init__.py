@@ -7,13 +7,15 @@ values and read their own shard of the data from their own disk, and the ps appl
 optimizer (Downpour's SGD or Adagrad, or a Keras optimizer per ps task with its slots next to their variables,
 optionally ``freezing.MaskedOptimizer`` holding frozen entries exactly). Models with an ``Embedding`` (sparse
 ``IndexedSlices`` gradients, pushed as the rows they touch) and models with several inputs or outputs work;
-what does not fit the model is refused before training (``docs/parameter_server.md`` lists what is supported).
+what does not fit the model is refused before training (``lib/downpour/README.md`` lists what is supported).
 
-Every task is one command, ``python -m study.ps`` with its ``TF_CONFIG`` (``study.ps.roles``); from Python,
+Every task is one command, ``python -m downpour`` with its ``TF_CONFIG`` (``downpour.roles``); from Python,
 ``run_downpour(DownpourConfig(...))`` starts the tasks on this machine and always ends them.
 
 Modules, each importing only those listed before it:
 
+* ``checks``       argument checks with one message each (no dependencies)
+* ``jsonio``       files written whole or not at all, JSON read back (no dependencies; the study's reports too)
 * ``config``       the job, ``DownpourConfig``: plain data, validated; ``"module:function"`` hooks
 * ``bind``         listen on one address (TensorFlow alone listens on every interface); the checked shim
 * ``console``      one line per event in the terminal, TensorFlow's output in a log file; Ctrl-C
@@ -30,11 +32,12 @@ Modules, each importing only those listed before it:
 * ``worker``       the Downpour worker loop; the same loop in one process
 * ``chief``        the coordinator: check, schedule, poll, checkpoint, evaluate, exit codes
 * ``launcher``     ``run_downpour``: a job on a ``LocalCluster``, with ``Faults`` injected
-* ``roles``        ``python -m study.ps``: every task's entry point (``__main__``)
+* ``roles``        ``python -m downpour``: every task's entry point (``__main__``)
 * ``examples``     example hooks: a small MLP, a gradient transform
 
-Names are imported on first use, so ``python -m study.ps`` for a ps task loads no Keras.
-``from study.ps import DownpourConfig, run_downpour``
+Names are imported on first use, so ``python -m downpour`` for a ps task loads no Keras. The package depends on
+TensorFlow, Keras and ``freezing`` only (``lib/downpour/pyproject.toml``); its README is the walk-through.
+``from downpour import DownpourConfig, run_downpour``
 """
 
 from __future__ import annotations
@@ -42,22 +45,24 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-MODULES = ("study.ps.config", "study.ps.bind", "study.ps.console", "study.ps.cluster", "study.ps.faults",
-           "study.ps.checkpoints", "study.ps.local", "study.ps.data", "study.ps.sparse", "study.ps.model",
-           "study.ps.optimizer", "study.ps.variables", "study.ps.result", "study.ps.worker", "study.ps.chief",
-           "study.ps.launcher", "study.ps.roles", "study.ps.__main__", "study.ps.examples")
-"""Every module of the package, in dependency order (also what ``study.report.cache`` follows from ``python -m study.ps``)."""
+__version__ = "0.1.0"
+
+MODULES = ("downpour.checks", "downpour.jsonio", "downpour.config", "downpour.bind", "downpour.console",
+           "downpour.cluster", "downpour.faults", "downpour.checkpoints", "downpour.local", "downpour.data", "downpour.sparse",
+           "downpour.model", "downpour.optimizer", "downpour.variables", "downpour.result", "downpour.worker",
+           "downpour.chief", "downpour.launcher", "downpour.roles", "downpour.__main__", "downpour.examples")
+"""Every module of the package, in dependency order."""
 
 _EXPORTS = {
-    "DownpourConfig": "study.ps.config", "load_callable": "study.ps.config", "read_job": "study.ps.config",
-    "DOWNPOUR_OPTIMIZERS": "study.ps.config", "KERAS_OPTIMIZERS": "study.ps.config",
-    "LocalCluster": "study.ps.local", "free_ports": "study.ps.local", "port_in_use": "study.ps.local",
-    "parse_tf_config": "study.ps.cluster", "wait_for_tasks": "study.ps.cluster",
-    "PsVariables": "study.ps.variables", "PsOptimizer": "study.ps.optimizer",
-    "build_model": "study.ps.model", "worker_function": "study.ps.worker", "local_steps_per_s": "study.ps.worker",
-    "run_chief": "study.ps.chief", "run_downpour": "study.ps.launcher", "Faults": "study.ps.launcher",
-    "DownpourResult": "study.ps.result", "CheckpointStore": "study.ps.checkpoints",
-    "ResumeRefused": "study.ps.checkpoints",
+    "DownpourConfig": "downpour.config", "load_callable": "downpour.config", "read_job": "downpour.config",
+    "DOWNPOUR_OPTIMIZERS": "downpour.config", "KERAS_OPTIMIZERS": "downpour.config",
+    "LocalCluster": "downpour.local", "free_ports": "downpour.local", "port_in_use": "downpour.local",
+    "parse_tf_config": "downpour.cluster", "wait_for_tasks": "downpour.cluster",
+    "PsVariables": "downpour.variables", "PsOptimizer": "downpour.optimizer",
+    "build_model": "downpour.model", "worker_function": "downpour.worker", "local_steps_per_s": "downpour.worker",
+    "run_chief": "downpour.chief", "run_downpour": "downpour.launcher", "Faults": "downpour.launcher",
+    "DownpourResult": "downpour.result", "CheckpointStore": "downpour.checkpoints",
+    "ResumeRefused": "downpour.checkpoints",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -67,5 +72,5 @@ def __getattr__(name: str) -> Any:
     """Import ``name`` from its module on first use (PEP 562)."""
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'study.ps' has no attribute {name!r}")
+        raise AttributeError(f"module 'downpour' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)

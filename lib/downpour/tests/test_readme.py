@@ -1,4 +1,4 @@
-"""docs/parameter_server.md, run as written: the walk-through ("A second model, by hand") and the section "A model
+"""lib/downpour/README.md, run as written: the walk-through ("A second model, by hand") and the section "A model
 with an Embedding and two inputs", block by block, from the repository root, with five free ports in place of
 23220-23224. A ``bash`` block of ``TF_CONFIG=... "ps"/"worker"`` lines starts one task per line (as a terminal
 would, each in its own process group); ``export`` blocks apply to every later block; any other ``bash`` block runs
@@ -6,7 +6,7 @@ to its end and must exit 0; a ``text`` block after it is what it must print (``.
 order, other lines allowed in between). At the end every task gets Ctrl-C (SIGINT to its group) and must end with
 exit code 130 and the line the doc quotes.
 
-Slow (about five minutes on a busy 2-core machine): ``pytest -m slow tests/test_ps_docs.py``.
+Slow (about five minutes on a busy 2-core machine): ``pytest -m slow lib/downpour/tests/test_readme.py``.
 """
 
 import os
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from study.ps.local import free_ports
+from downpour.local import free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
-REPO = Path(__file__).resolve().parents[1]
-DOC = REPO / "docs" / "parameter_server.md"
+REPO = Path(__file__).resolve().parents[3]  # the README's commands run from the repository root
+DOC = REPO / "lib" / "downpour" / "README.md"
 DOC_PORTS = [23220, 23221, 23222, 23223, 23224]
 SECTIONS = ("## A second model, by hand", "### Several machines")
 
@@ -88,7 +88,7 @@ def test_the_walk_through_and_the_embedding_section_run_as_written():
                     port = ports[1 + int(index)] if job == "ps" else ports[3 + int(index)]
                     said = _wait_for(process, f"serving {name} at grpc://localhost:{port}; listening on 127.0.0.1; "
                                               "intra-op threads 1")
-                    assert "study.ps:" not in said, said
+                    assert "downpour:" not in said, said
                 continue
             run = subprocess.run(["bash", "-c", prelude + body], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, timeout=900)  # one terminal: both, in order
@@ -102,7 +102,7 @@ def test_the_walk_through_and_the_embedding_section_run_as_written():
             os.killpg(process.pid, signal.SIGINT)
             assert process.wait(timeout=10) == 130, name
             rest = process.stdout.read()
-            assert f"study.ps: {name}: stopped by Ctrl-C (SIGINT), exit code 130" in rest, rest
+            assert f"downpour: {name}: stopped by Ctrl-C (SIGINT), exit code 130" in rest, rest
     finally:
         for process in tasks.values():
             if process.poll() is None:

@@ -1,6 +1,6 @@
 """What a job measured: ``DownpourResult``, typed, written by the chief as JSON (``--out``) and read back.
 
-``run_downpour`` returns one; ``python -m study.ps`` (chief) writes ``to_json()`` to ``--out``. The fields are
+``run_downpour`` returns one; ``python -m downpour`` (chief) writes ``to_json()`` to ``--out``. The fields are
 typed attributes (``r.applied_updates``); for code that reads results as dicts (the study's notebook and tables)
 a result is also a read-only mapping of its field names (``r["applied_updates"]``). ``FrozenReport`` says how many
 frozen entries there were and how many of their bits changed, per variable and per ps task.
@@ -84,6 +84,13 @@ class DownpourResult(_Fields):
     """Bytes of gradient tensors every returned push sent (an ``IndexedSlices``: its rows and int64 indices)."""
     dense_push_bytes: int
     """What the same pushes would have sent as dense tensors."""
+    fetched_bytes: int
+    """Parameter bytes every returned function's fetches brought over (an ``Embedding`` fetched as rows: the rows
+    the next ``n_fetch`` batches look up and their int64 ids)."""
+    dense_fetch_bytes: int
+    """What the same fetches would have brought as whole tensors."""
+    fetched_whole: dict[str, str]
+    """Sparse variables fetched whole anyway, and why (``sparse_fetch`` off, or rows not known from the inputs)."""
     placement: list[dict[str, Any]]
     bytes_per_task: dict[str, int]
     optimizer_bytes_per_task: dict[str, int]

@@ -1,5 +1,4 @@
-"""Job hooks for the parameter-server tests (imported by the chief process; the tests put this folder on its
-PYTHONPATH)."""
+"""Job hooks for the parameter-server tests: ``"downpour.tests.ps_hooks:<name>"`` (imported by the chief process)."""
 
 import numpy as np
 import tensorflow as tf

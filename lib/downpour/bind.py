@@ -4,7 +4,7 @@ TensorFlow 2.21's gRPC server always listens on every interface of its port, IPv
 (``tensorflow/core/distributed_runtime/rpc/grpc_server_lib.cc``) calls ``AddListeningPort("[::]:<port>")``
 whatever host the task's address names, and no option changes that. A task started with ``--bind ADDRESS``
 therefore runs with a tiny ``LD_PRELOAD`` library (``SHIM_SOURCE``, built once with the system's C compiler into
-``~/.cache/study-ps``) that turns that wildcard ``bind()`` into a bind to ``ADDRESS``; the task then reads
+``~/.cache/downpour``) that turns that wildcard ``bind()`` into a bind to ``ADDRESS``; the task then reads
 ``/proc/net/tcp*`` and exits with an error unless its port listens on ``ADDRESS`` only (``check_listening``).
 Linux (glibc) only. Every other ``bind()`` passes through unchanged.
 
@@ -14,7 +14,7 @@ check: its file name carries the SHA-256 of the source, the compiler flags and t
 next to it records that key and the library's own SHA-256; a library whose bytes or key differ is built again,
 and a cache folder that other users can write is refused.
 
-``python -m study.ps --bind 127.0.0.1`` (one machine) or ``--bind 10.0.0.5`` (the machine's private address).
+``python -m downpour --bind 127.0.0.1`` (one machine) or ``--bind 10.0.0.5`` (the machine's private address).
 
 This narrows who can connect; it does not authenticate anyone. A TensorFlow server runs any graph it is sent,
 so a cluster belongs on a private network whatever it binds.
@@ -102,8 +102,8 @@ LIBS = ("-ldl",)
 
 
 def cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/study-ps`` (default ``~/.cache/study-ps``)."""
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "study-ps"
+    """``$XDG_CACHE_HOME/downpour`` (default ``~/.cache/downpour``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "downpour"
 
 
 def compiler() -> str | None:
@@ -119,7 +119,7 @@ def shim_key(cc: str | None = None) -> str:
 
 def shim_path(cc: str | None = None) -> Path:
     """Where the built library is cached, named by ``shim_key``."""
-    return cache_dir() / f"libstudy_ps_bind-{shim_key(cc)[:16]}.so"
+    return cache_dir() / f"libdownpour_bind-{shim_key(cc)[:16]}.so"
 
 
 def _sha256(path: Path) -> str:
@@ -207,7 +207,7 @@ def environment(address: str, env: dict[str, str] | None = None) -> dict[str, st
 def active() -> str | None:
     """The address this process binds when the shim is loaded in it, else None."""
     wanted = os.environ.get(ENV)
-    loaded = any(Path(p).name.startswith("libstudy_ps_bind") for p in os.environ.get("LD_PRELOAD", "").split(":"))
+    loaded = any(Path(p).name.startswith("libdownpour_bind") for p in os.environ.get("LD_PRELOAD", "").split(":"))
     return wanted if wanted and loaded else None
 
 

@@ -1,7 +1,7 @@
 """The job's Keras model and loss, built the same way in every process, and evaluation on values.
 
 Workers never touch the model's own variables: they run ``keras.Model.stateless_call`` on values fetched from
-the ps (``study.ps.variables``). The chief evaluates snapshots the same way.
+the ps (``downpour.variables``). The chief evaluates snapshots the same way.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from study.ps.config import DownpourConfig, load_callable
+from downpour.config import DownpourConfig, load_callable
 
 
 def build_model(config: DownpourConfig, input_shape: Sequence[int | None] | None = None) -> Any:
@@ -22,7 +22,7 @@ def build_model(config: DownpourConfig, input_shape: Sequence[int | None] | None
     import keras
     import tensorflow as tf
 
-    from study.ps.data import element_spec
+    from downpour.data import element_spec
 
     keras.utils.set_random_seed(config.seed)
     model = load_callable(config.model, "model")(**config.model_kwargs)
@@ -94,3 +94,56 @@ def evaluate(model: Any, trainable: Sequence[np.ndarray], state: Sequence[np.nda
         else:
             classes = False
     return {"loss": total / max(1, n), "accuracy": correct / n if classes and n else None}
+
+
+def row_inputs(model: Any, paths: Sequence[str], sparse: Sequence[bool]) -> tuple[dict[int, int], dict[str, str]]:
+    """Which sparse variables a worker can fetch as rows: ``{variable index: position of the model input in
+    tf.nest.flatten(x)}`` for an ``Embedding`` that looks up a model input directly (its rows for the next batches
+    are those batches' ids), and ``{path: why it is fetched whole}`` for every other sparse variable.
+    ``row_inputs(model, ps.paths, kinds)``"""
+    import keras
+    import tensorflow as tf
+
+    flat = tf.nest.flatten(model.input) if _has_input(model) else []
+    tables = {layer.embeddings.path: layer for layer in model.layers if isinstance(layer, keras.layers.Embedding)}
+    calls = _calls(model)
+    found: dict[int, int] = {}
+    whole: dict[str, str] = {}
+    for i, (path, is_sparse) in enumerate(zip(paths, sparse)):
+        if not is_sparse:
+            continue
+        layer = tables.get(path)
+        if layer is None:
+            whole[path] = "not an Embedding's table: the rows it uses are known only from its gradient"
+            continue
+        if calls.get(layer.name) != 1:
+            whole[path] = (f"the Embedding '{layer.name}' is called {calls.get(layer.name, 'an unknown number of')} "
+                           "times in the model: its rows are fetched whole")
+            continue
+        try:
+            source = layer.input
+        except (AttributeError, ValueError):  # not in a functional graph
+            source = None
+        position = next((k for k, t in enumerate(flat) if t is source), None)
+        if position is None:
+            whole[path] = (f"the Embedding '{layer.name}' looks up ids computed inside the model, not a model input: "
+                           "the rows the next batches touch are not known before they run")
+            continue
+        found[i] = position
+    return found, whole
+
+
+def _calls(model: Any) -> dict[str, int]:
+    """How many times each layer is called in a functional model (its config's ``inbound_nodes``); {} otherwise."""
+    try:
+        return {layer["name"]: len(layer.get("inbound_nodes") or []) for layer in model.get_config()["layers"]}
+    except Exception:  # noqa: BLE001 - a subclassed model, or a layer that cannot be serialised
+        return {}
+
+
+def _has_input(model: Any) -> bool:
+    try:
+        model.input
+    except (AttributeError, ValueError):
+        return False
+    return True

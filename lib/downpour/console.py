@@ -1,9 +1,9 @@
 """What a task shows in its terminal: one line per event, TensorFlow's own output in a log file, and Ctrl-C.
 
-A task started by ``python -m study.ps`` writes its own messages (``study.ps: ...``) and progress lines to the
+A task started by ``python -m downpour`` writes its own messages (``downpour: ...``) and progress lines to the
 terminal; everything else written to its standard error (TensorFlow's C++ log, gRPC's errors, Python warnings
 and tracebacks) goes to a log file, ``<job>-<index>-<port>.log`` in ``--log-dir`` (default
-``$TMPDIR/study-ps-<uid>``), which every error message names. ``Console.open`` moves file descriptor 2 itself,
+``$TMPDIR/downpour-<uid>``), which every error message names. ``Console.open`` moves file descriptor 2 itself,
 so output from C++ that never passes through Python lands there too.
 
 Ctrl-C: ``Console.stop_on_sigint`` blocks SIGINT in the main thread before TensorFlow starts its own threads (so
@@ -12,7 +12,7 @@ with exit code 130. It works whatever the main thread is doing, also when it is 
 task in its server's loop, the chief waiting on a remote call), where a Python ``KeyboardInterrupt`` would
 never be raised.
 
-``console = Console.open("/tmp/study-ps", "ps", 0, 2222); console.say("ps:0 ready")``
+``console = Console.open("/tmp/downpour", "ps", 0, 2222); console.say("ps:0 ready")``
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ EXIT_INTERRUPTED = 130
 
 
 def default_log_dir() -> Path:
-    """``$TMPDIR/study-ps-<uid>``: one folder per user, private to them."""
+    """``$TMPDIR/downpour-<uid>``: one folder per user, private to them."""
     uid = os.getuid() if hasattr(os, "getuid") else 0
-    return Path(tempfile.gettempdir()) / f"study-ps-{uid}"
+    return Path(tempfile.gettempdir()) / f"downpour-{uid}"
 
 
 def log_name(job: str, index: int, port: int | str) -> str:
@@ -67,8 +67,8 @@ class Console:
         return cls(terminal, path)
 
     def say(self, message: str) -> None:
-        """One line ``study.ps: message`` in the terminal (line breaks become spaces), and in the log."""
-        line = "study.ps: " + " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+        """One line ``downpour: message`` in the terminal (line breaks become spaces), and in the log."""
+        line = "downpour: " + " ".join(part.strip() for part in str(message).splitlines() if part.strip())
         print(line, file=self.terminal, flush=True)
         if self.log is not None:
             print(line, file=sys.stderr, flush=True)
@@ -96,4 +96,5 @@ class Console:
             sys.stdout.flush()
             os._exit(EXIT_INTERRUPTED)
 
-        threading.Thread(target=wait, name="study-ps-sigint", daemon=True).start()
+        threading.Thread(target=wait, name="downpour-sigint", daemon=True).start()
+        print(f"==== Ctrl-C (SIGINT) ends {task} with exit code {EXIT_INTERRUPTED} ====", file=sys.stderr, flush=True)

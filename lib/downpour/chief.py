@@ -1,5 +1,5 @@
 """The chief: a ``ClusterCoordinator`` schedules the worker loop, records the measurements, checkpoints, and
-exits with a code that says what happened (``run_chief``; started by ``python -m study.ps``).
+exits with a code that says what happened (``run_chief``; started by ``python -m downpour``).
 
 Only the chief imports the job's code (model, dataset function, loss, transform, masks): it traces them into
 the functions it sends, and the ps and worker tasks run those graphs. Before anything is trained it checks the
@@ -21,13 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from study.ps import faults
-from study.ps.checkpoints import CheckpointStore, ResumeRefused, write_json_atomic
-from study.ps.config import DownpourConfig, optimizer_label
-from study.ps.result import DownpourResult, frozen_report
-from study.ps.variables import PsVariables, ps_devices, short_device
+from downpour import faults
+from downpour.checkpoints import CheckpointStore, ResumeRefused
+from downpour.jsonio import write_json_atomic
+from downpour.config import DownpourConfig, optimizer_label
+from downpour.result import DownpourResult, frozen_report
+from downpour.variables import PsVariables, ps_devices, short_device
 
-PROG = "study.ps"
+PROG = "downpour"
 RUN_CONTROL = ("warmup_functions", "start_timeout", "checkpoint_dir", "eval_every", "eval_samples",
                "keep_checkpoints")
 """Job fields that may differ between a run and its ``--resume`` (everything else must match the checkpoint)."""
@@ -41,15 +42,15 @@ def _stderr(message: str) -> None:
 
 def run_chief(config: DownpourConfig, cluster: dict[str, list[str]], out: str | None = None, resume: bool = False,
               say: Callable[[str], None] = _stderr, where: str = "") -> int:
-    """The coordinator's whole job (``python -m study.ps`` as chief); returns the exit code (``study.ps.faults``).
+    """The coordinator's whole job (``python -m downpour`` as chief); returns the exit code (``downpour.faults``).
 
     Every error ends here with one message (``say``; ``where`` is appended to failures: the log file's name) and a
     code: 2 bad input (cluster, job, masks, data that does not fit the model or cannot be read), 3 tasks
     unreachable, 4 ``--resume`` refused, 75 a ps task lost, 1 anything else (its traceback on standard error,
-    which ``python -m study.ps`` sends to the log file).
+    which ``python -m downpour`` sends to the log file).
     """
-    from study.ps.cluster import check_parameter_server_cluster, wait_for_tasks
-    from study.ps.data import dataset_function
+    from downpour.cluster import check_parameter_server_cluster, wait_for_tasks
+    from downpour.data import dataset_function
 
     try:
         check_parameter_server_cluster(cluster)
@@ -84,6 +85,7 @@ def run_chief(config: DownpourConfig, cluster: dict[str, list[str]], out: str | 
             write_json_atomic(out, result.to_json())
     except Exception as e:  # noqa: BLE001
         return _failed(trainer, e, cluster, say, where)
+    trainer.tell_tasks_finished()
     print(f"chief: done, {result.applied_updates} updates in {result.seconds:.1f} s", flush=True)
     return faults.EXIT_OK
 
@@ -114,6 +116,7 @@ class _Chief:
                  say: Callable[[str], None] = _stderr):
         self.config, self.cluster, self.progress_path, self.say = config, cluster, progress, say
         self.workers_down: set[str] = set()
+        self.workers_lost: list[str] = []  # every worker this chief said lost, in order (in the progress file)
         self.workers_checked = 0.0
         self.state: dict[str, Any] = {"functions_done": 0, "records": [], "curve": [], "elapsed": 0.0,
                                       "attempts": [], "checkpoints": [], "samples": {}, "foreign_samples": 0}
@@ -127,12 +130,14 @@ class _Chief:
         print(f"chief: {what} ({time.perf_counter() - self.born:.1f} s)", flush=True)
 
     def write_progress(self, **extra: Any) -> None:
-        """The progress file the launcher polls (atomically): counter, functions done, last checkpoint, ``extra``."""
+        """The progress file the launcher polls (atomically): counter, functions done, last checkpoint, the workers
+        this chief said lost (how the launcher knows a fault was seen before it injects the next), ``extra``."""
         if self.progress_path:
             write_json_atomic(self.progress_path, {
                 "version": self.last_version, "functions_done": self.state["functions_done"],
                 "checkpoint_version": self.checkpoint_version,
-                "version_task": short_device(self.ps.version.device) if self.ps else None, **extra}, durable=False)
+                "version_task": short_device(self.ps.version.device) if self.ps else None,
+                "workers_lost": self.workers_lost, **extra}, durable=False)
 
     def record_failure(self, error: BaseException, lost: list[str]) -> dict[str, Any]:
         """What the chief knew when ``error`` ended it, also written to the progress file."""
@@ -150,14 +155,39 @@ class _Chief:
             pass
         return failure
 
+    def tell_tasks_finished(self) -> None:
+        """Write ``CHIEF_FINISHED`` into every ps and worker task's log (a ``tf.print`` run on each task), so that
+        each says "the chief finished" when this process ends, not that it has gone; a task it cannot reach is
+        skipped (it will say the chief has gone)."""
+        import tensorflow as tf
+
+        from downpour.cluster import CHIEF_FINISHED, reachable
+
+        for job in ("ps", "worker"):
+            for i, address in enumerate(self.cluster[job]):
+                if not reachable(address, timeout=0.5):  # a call to a task that is gone could wait a long time
+                    continue
+                device = f"/job:{job}/replica:0/task:{i}/device:CPU:0"
+
+                @tf.function
+                def mark() -> Any:
+                    with tf.device(device):
+                        tf.print(CHIEF_FINISHED, output_stream=sys.stderr)  # the task's standard error: its log
+                    return tf.constant(0)
+
+                try:
+                    mark().numpy()  # waits until the task has printed it
+                except Exception:  # noqa: BLE001 - a task that is gone cannot be told
+                    pass
+
     def set_up(self, resume: bool) -> None:
         """Connect, check the data against the model, put the variables on the ps, restore a checkpoint
         (``resume``), ship the data and the loop."""
         import tensorflow as tf
 
-        from study.ps.data import train_dataset
-        from study.ps.model import build_model, make_loss
-        from study.ps.worker import gradient_kinds, worker_function
+        from downpour.data import train_dataset
+        from downpour.model import build_model, make_loss
+        from downpour.worker import gradient_kinds, worker_function
 
         config, cluster = self.config, self.cluster
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
@@ -168,7 +198,7 @@ class _Chief:
         self.model = build_model(config)
         spec = self.check_data()
         self.initial = [v.numpy() for v in self.model.trainable_variables]
-        # the variables and the optimizer on the ps tasks, created with no strategy in force (study.ps.variables)
+        # the variables and the optimizer on the ps tasks, created with no strategy in force (downpour.variables)
         self.ps = ps = PsVariables(self.model, config, ps_devices(config.ps))
         self.sparse = gradient_kinds(self.model, ps, config, spec)
         ps.prepare(self.sparse)
@@ -211,7 +241,7 @@ class _Chief:
         """Check both splits' specs, the test split (read here) and one batch on every worker (read from its disk)
         against the model's inputs; a ``ValueError`` with one line naming the files, the expected and the found
         shape. Returns the training data's ``(x, y)`` spec."""
-        from study.ps.data import check_split, check_workers, eval_arrays, split_files
+        from downpour.data import check_split, check_workers, eval_arrays, split_files
 
         config, model = self.config, self.model
         spec = check_split(model, config, "train")
@@ -228,7 +258,7 @@ class _Chief:
 
     def watch_workers(self) -> None:
         """Say once when a worker stops answering (its functions go to the others) and once when it is back."""
-        from study.ps.cluster import reachable
+        from downpour.cluster import reachable
 
         now = time.monotonic()
         if now - self.workers_checked < WORKER_POLL_S:
@@ -238,6 +268,7 @@ class _Chief:
             name, up = f"worker:{i}", reachable(address, timeout=0.2)
             if not up and name not in self.workers_down:
                 self.workers_down.add(name)
+                self.workers_lost.append(name)
                 self.say(f"{name} ({address}) lost; its functions go to the other workers, and the coordinator uses "
                          "it again when it is back: start it again with its command")
             elif up and name in self.workers_down:
@@ -305,12 +336,21 @@ class _Chief:
             self.state["foreign_samples"] = None if foreign < 0 else self.state["foreign_samples"] + foreign
         self.state["records"].append({
             "worker": worker, "versions": np.asarray(value["versions"]).tolist(),
-            "pushed_bytes": int(np.sum(value["pushed_bytes"])),
+            "pushed_bytes": int(np.sum(value["pushed_bytes"])), "fetched_bytes": int(np.sum(value["fetched_bytes"])),
             "staleness": np.asarray(value["staleness"]).tolist(), "loss": np.asarray(value["loss"]).tolist(),
             "started": float(value["started"]), "ended": float(value["ended"]), "returned_s": seconds})
 
+    def _fetched_whole(self) -> dict[str, str]:
+        """The sparse variables the workers fetch whole, and why."""
+        from downpour.model import row_inputs
+
+        assert self.ps is not None
+        if not self.config.sparse_fetch:
+            return {p: "sparse_fetch is off" for p, sparse in zip(self.ps.paths, self.sparse) if sparse}
+        return row_inputs(self.model, self.ps.paths, self.sparse)[1]
+
     def _evaluate_into_curve(self, snapshots: list[tuple]) -> None:
-        from study.ps.model import evaluate
+        from downpour.model import evaluate
 
         assert self.ps is not None
         seeds = list(self.ps.initial_seed_state)
@@ -365,6 +405,9 @@ class _Chief:
             dataset_graph_bytes=self.dataset_graph_bytes,
             pushed_bytes=sum(r.get("pushed_bytes", 0) for r in records),
             dense_push_bytes=returned_pushes * trainable_bytes,
+            fetched_bytes=sum(r.get("fetched_bytes", 0) for r in records),
+            dense_fetch_bytes=len(records) * (config.steps_per_function // config.n_fetch) * trainable_bytes,
+            fetched_whole=self._fetched_whole(),
             placement=layout, bytes_per_task=per_task, optimizer_bytes_per_task=ps.optimizer_placement(),
             optimizer=optimizer_label(config.optimizer),
             sparse_variables=[p for p, sparse in zip(ps.paths, self.sparse) if sparse],

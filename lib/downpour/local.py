@@ -1,10 +1,10 @@
 """``LocalCluster``: every task of a parameter-server cluster as a child process on this machine.
 
-``LocalCluster`` starts exactly the command a task runs on any machine (``python -m study.ps`` with its
+``LocalCluster`` starts exactly the command a task runs on any machine (``python -m downpour`` with its
 ``TF_CONFIG``), one process per task, and always ends them, on error and on interrupt too: a
 ``tf.distribute.Server`` cannot be shut down from inside its process. ``GRPC_FAIL_FAST=use_caller`` is set for
 every task, as the TensorFlow tutorial does. With ``bind="auto"`` (default) every task listens on 127.0.0.1 only
-(``study.ps.bind``, Linux with a C compiler); where that cannot be enforced ``LocalCluster`` refuses to start,
+(``downpour.bind``, Linux with a C compiler); where that cannot be enforced ``LocalCluster`` refuses to start,
 naming why, unless ``bind=None`` accepts TensorFlow's default of every interface. Each task's terminal output
 (its one-line messages) goes to ``<logs>/<job><index>.log``, the rest of its output (TensorFlow's) to
 ``<logs>/<job>-<index>-<port>.log``.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from study.ps import bind as bind_address
-from study.ps.cluster import ENTRY_POINT
+from downpour import bind as bind_address
+from downpour.cluster import ENTRY_POINT
 
 
 def free_ports(n: int) -> list[int]:
@@ -54,16 +55,21 @@ class LocalCluster:
 
     ``with LocalCluster(workers=2, ps=1) as cluster: cluster.spec`` -> ``{"chief": [..], "ps": [..], "worker": [..]}``.
 
-    On enter it starts every ps and worker task (``python -m study.ps`` with its ``TF_CONFIG``) and waits
+    On enter it starts every ps and worker task (``python -m downpour`` with its ``TF_CONFIG``) and waits
     until they listen. The chief's address is reserved in the spec; ``start_chief(args)`` runs the coordinator
     through the same entry point. ``kill`` and ``restart`` are for fault experiments. ``bind``: ``"auto"``
     (127.0.0.1, else a ``BindError`` saying why it cannot be enforced), an address, or None (TensorFlow's
     default: every interface, IPv4 and IPv6). ``ps_threads``: intra-op threads of each ps task.
+
+    The tasks' logs go to a temporary folder, ``logs``, removed by ``stop()`` unless something failed: an error in
+    the ``with`` body or at start (its message then names the folder), a chief that failed under ``run_downpour``
+    (which sets ``keep_logs``), or ``keep_logs=True``.
     """
 
     def __init__(self, workers: int = 1, ps: int = 1, ports: list[int] | None = None, start_timeout: float = 60.0,
-                 worker_threads: int = 1, pin_workers: bool = True, bind: str | None = "auto", ps_threads: int = 1):
-        from study.validation import check_positive_int
+                 worker_threads: int = 1, pin_workers: bool = True, bind: str | None = "auto", ps_threads: int = 1,
+                 keep_logs: bool = False):
+        from downpour.checks import check_positive_int
 
         check_positive_int("workers", workers)
         check_positive_int("ps", ps)
@@ -92,7 +98,8 @@ class LocalCluster:
         self.ps_threads = ps_threads
         self.pin_workers = pin_workers
         self.processes: dict[tuple[str, int], subprocess.Popen] = {}
-        self.logs = Path(tempfile.mkdtemp(prefix="freezing-cluster-"))
+        self.logs = Path(tempfile.mkdtemp(prefix="downpour-cluster-"))
+        self.keep_logs = keep_logs
         self._all_pids: list[int] = []
         self._log_offsets: dict[tuple[str, int], int] = {}
 
@@ -102,18 +109,21 @@ class LocalCluster:
 
     def __enter__(self) -> LocalCluster:
         atexit.register(self.stop)
+        self.logs.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
             for job in ("ps", "worker"):
                 for index in range(len(self.spec[job])):
                     self._start(job, index)
             self._wait_until_listening([(job, i) for job in ("ps", "worker") for i in range(len(self.spec[job]))])
-        except BaseException:
-            self.stop()
+        except BaseException as e:
+            self.__exit__(type(e), e, None)
             raise
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
+    def __exit__(self, exc_type: Any = None, exc: BaseException | None = None, tb: Any = None) -> None:
+        self.stop(failed=exc is not None)
+        if exc is not None and self.logs.is_dir() and hasattr(exc, "add_note"):
+            exc.add_note(f"LocalCluster: the tasks' logs are kept in {self.logs}")
 
     def tf_config(self, job: str, index: int, spec: dict[str, list[str]] | None = None) -> str:
         """The ``TF_CONFIG`` of one task (of ``spec``, default the whole cluster). ``cluster.tf_config("worker", 0)``"""
@@ -173,7 +183,7 @@ class LocalCluster:
             return False
 
     def start_chief(self, args: tuple[str, ...], spec: dict[str, list[str]] | None = None) -> subprocess.Popen:
-        """Start the coordinator: ``python -m study.ps ARGS`` with the chief's ``TF_CONFIG``.
+        """Start the coordinator: ``python -m downpour ARGS`` with the chief's ``TF_CONFIG``.
 
         ``spec`` may name a subset of the ps and worker tasks (a job on fewer tasks).
         ``cluster.start_chief(("--job", path))``
@@ -188,18 +198,26 @@ class LocalCluster:
         path = self.logs / f"{job}{index}.log"
         return path.read_text(errors="replace")[-chars:] if path.is_file() else ""
 
-    def said(self, job: str, index: int) -> str:
-        """What one task wrote to its terminal since it was last started. ``cluster.said("chief", 0)``"""
+    def mark(self) -> dict[tuple[str, int], int]:
+        """Where every task's terminal log ends now, for ``said(..., since=mark)``: one section of the logs per test
+        or per job. ``mark = cluster.mark()``"""
+        keys = [(job, i) for job in self.spec for i in range(len(self.spec[job]))]
+        return {key: (self.logs / f"{key[0]}{key[1]}.log").stat().st_size
+                if (self.logs / f"{key[0]}{key[1]}.log").is_file() else 0 for key in keys}
+
+    def said(self, job: str, index: int, since: dict[tuple[str, int], int] | None = None) -> str:
+        """What one task wrote to its terminal since it was last started, or since ``mark()`` gave ``since``
+        (across its restarts). ``cluster.said("chief", 0)``"""
         path = self.logs / f"{job}{index}.log"
         if not path.is_file():
             return ""
         with open(path, errors="replace") as log:
-            log.seek(self._log_offsets.get((job, index), 0))
+            log.seek(since.get((job, index), 0) if since is not None else self._log_offsets.get((job, index), 0))
             return log.read()
 
     def full_log(self, job: str, index: int) -> Path:
         """The file with the rest of one task's output (TensorFlow's, tracebacks). ``cluster.full_log("ps", 0)``"""
-        from study.ps.console import log_name
+        from downpour.console import log_name
 
         return self.logs / log_name(job, index, self.spec[job][index].rpartition(":")[2])
 
@@ -224,8 +242,9 @@ class LocalCluster:
         if wait:
             self._wait_until_listening([(job, index)])
 
-    def stop(self) -> None:
-        """End every task: SIGTERM, then SIGKILL after 5 s. Safe to call twice. ``cluster.stop()``"""
+    def stop(self, failed: bool = False) -> None:
+        """End every task: SIGTERM, then SIGKILL after 5 s; then remove the logs' folder, unless ``failed`` or
+        ``keep_logs``. Safe to call twice. ``cluster.stop()``"""
         for process in self.processes.values():
             if process.poll() is None:
                 try:
@@ -243,6 +262,10 @@ class LocalCluster:
                     pass
                 process.wait()
         atexit.unregister(self.stop)
+        if failed:
+            self.keep_logs = True
+        if not self.keep_logs:
+            shutil.rmtree(self.logs, ignore_errors=True)
 
     @property
     def pids(self) -> list[int]:

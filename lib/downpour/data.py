@@ -8,15 +8,12 @@ sample passes through it and none becomes a graph constant (``dataset_graph_byte
 the graph is). A function that also takes ``worker`` and ``workers`` shards the training data itself (for
 example one file per worker); otherwise every worker keeps every ``workers``-th element.
 
-``idx`` reads MNIST's IDX format; ``write_idx`` writes it, and ``python -m study.ps.data FOLDER`` writes the
-study's MNIST there (``run_downpour`` does this when a job names no data).
+``idx`` reads MNIST's IDX format; ``write_idx`` writes it.
 """
 
 from __future__ import annotations
 
-import argparse
 import inspect
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from study.ps.config import DownpourConfig, load_callable
+from downpour.config import DownpourConfig, load_callable
 
 IDX_NAMES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
              "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
@@ -70,20 +67,11 @@ def write_idx(folder: str | Path, x_train: Any, y_train: Any, x_test: Any, y_tes
     return folder
 
 
-def write_study_mnist(folder: str | Path, seed: int = 0) -> Path:
-    """The study's MNIST (``study.data.load_mnist(seed=seed)``: train and test splits) as IDX files in ``folder``."""
-    from study.data import load_mnist
-
-    d = load_mnist(seed=seed)
-    return write_idx(folder, d.x_train, d.y_train, d.x_test, d.y_test)
-
-
 def dataset_function(config: DownpourConfig) -> Any:
     """The job's dataset function, with its keyword arguments bound; a ``ValueError`` when the job names none."""
     if config.data is None:
         raise ValueError("data: the job names no dataset function; give 'module:function' (for example "
-                         "'study.ps.data:idx' with data_kwargs {'folder': ...}; `python -m study.ps.data FOLDER` "
-                         "writes the study's MNIST there), or start the job with run_downpour, which does that")
+                         "'downpour.data:idx' with data_kwargs {'folder': ...}, a folder of MNIST's IDX files)")
     fn = load_callable(config.data, "data")
     kwargs = dict(config.data_kwargs)
     return lambda split, **more: fn(split, **kwargs, **more)
@@ -299,12 +287,12 @@ def check_split(model: Any, config: DownpourConfig, split: str) -> tuple[Any, An
 
 
 def check_workers(model: Any, config: DownpourConfig, workers: int) -> None:
-    """Read one batch of its shard on every worker, from its own disk, and check it against the model's inputs; a
-    ``ValueError`` with one line naming the worker, its files and what is wrong (a file missing or unreadable, a
-    shape that does not fit)."""
+    """Read one batch of its shard on every worker, from its own disk, and check it against the model's inputs, then
+    the worker's whole training data once (``first_unreadable``); a ``ValueError`` with one line naming the worker,
+    its files and what is wrong (a file missing or unreadable, a shape that does not fit, a malformed record)."""
     import tensorflow as tf
 
-    from study.ps.faults import first_line
+    from downpour.faults import first_line
 
     shard = worker_shard(config)
     dtypes = tf.nest.map_structure(lambda s: s.dtype.name, element_spec(config)[0])
@@ -328,18 +316,47 @@ def check_workers(model: Any, config: DownpourConfig, workers: int) -> None:
         problem = mismatch(model, found, f"data: worker:{worker} reads {files}, which")
         if problem:
             raise ValueError(problem)
+        bad = first_unreadable(config, worker, workers)
+        if bad is not None:
+            record, error = bad
+            raise ValueError(f"data: worker:{worker} reads {files}, whose record {record} (counting from 0) cannot be "
+                             f"read: {first_line(error)}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m study.ps.data FOLDER [--seed N]``: write the study's MNIST as IDX files into FOLDER."""
-    parser = argparse.ArgumentParser(prog="python -m study.ps.data", description=main.__doc__)
-    parser.add_argument("folder")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    folder = write_study_mnist(args.folder, args.seed)
-    print(f"wrote {', '.join(n for pair in IDX_NAMES.values() for n in pair)} into {folder}")
-    return 0
+def first_unreadable(config: DownpourConfig, worker: int, workers: int) -> tuple[int, BaseException] | None:
+    """Read the training data worker ``worker`` reads, whole, on that worker: None when every record reads, else the
+    index of the first record that does not (in its file for a function that shards itself, else in the dataset)
+    and the error. One pass over the data; a binary search over prefixes only when a record is malformed, so that
+    a file broken at its end fails before training, not after hours of it."""
+    import tensorflow as tf
 
+    fn, itself = dataset_function(config), shards_itself(config)
 
-if __name__ == "__main__":
-    sys.exit(main())
+    def records(take: Any) -> Any:
+        ds = fn("train", worker=tf.constant(worker, tf.int64), workers=workers) if itself else fn("train")
+        return ds.take(take).reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
+
+    with tf.device(f"/job:worker/replica:0/task:{worker}/device:CPU:0"):
+        count = tf.function(records)
+        errors = (tf.errors.InvalidArgumentError, tf.errors.DataLossError)
+        try:
+            count(tf.constant(-1, tf.int64))
+            return None
+        except errors as e:
+            error = e
+        good, bad = 0, 1  # prefixes: all of `good` records read; one of the first `bad` does not
+        while True:
+            try:
+                count(tf.constant(bad, tf.int64))
+                good, bad = bad, 2 * bad
+            except errors as e:
+                error = e
+                break
+        while bad - good > 1:
+            middle = (good + bad) // 2
+            try:
+                count(tf.constant(middle, tf.int64))
+                good = middle
+            except errors as e:
+                bad, error = middle, e
+        return bad - 1, error
