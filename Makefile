@@ -16,7 +16,7 @@ export PYTHONHASHSEED ?= 0
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(STAMP): requirements.txt requirements-keras-hub.txt pyproject.toml lib/pyproject.toml
+$(STAMP): requirements.txt requirements-keras-hub.txt pyproject.toml lib/pyproject.toml lib/downpour/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-keras-hub.txt  # no 2nd TensorFlow
