@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from freezing import _keras_api
-from freezing._write_path import REGISTRY
 
 FORWARDED = {
     "use_ema": False, "ema_momentum": 0.99, "ema_overwrite_frequency": None, "clipnorm": None,
@@ -47,6 +46,7 @@ class InnerSurface:
     """Mixin: the inner optimizer's options, learning rate, counters and unknown attributes, seen through a wrapper."""
 
     inner: Any
+    _guards: Any
 
     def __getattr__(self, name: str) -> Any:
         inner = self.__dict__.get("inner")
@@ -127,13 +127,13 @@ class InnerSurface:
         """
         leaf = next((o for o in self._leaves() if _keras_api.knows(o, variable)), self._leaves()[0])
         entries, _ = self._entries([variable], None, mask_fn=False)
-        with REGISTRY.active(entries):
+        with self._guards.active(entries):
             leaf.update_step(gradient, variable, learning_rate)
 
     def _apply_weight_decay(self, variables: Sequence[Any]) -> None:
         """The inner optimizers' weight decay (their own rule: Muon's too), with the stored masks in force."""
         entries, _ = self._entries(list(variables), None, mask_fn=False)
-        with REGISTRY.active(entries):
+        with self._guards.active(entries):
             for leaf in self._leaves():
                 _keras_api.apply_weight_decay(leaf, [v for v in variables if _keras_api.knows(leaf, v)] if leaf.built else variables)
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -111,52 +112,74 @@ class Entry:
         self.slots = slots  # (optimizer variable, its target, whether update_step updates it)
 
 
-class Registry:
-    """The guarded variables of the steps in progress, per replica (thread-safe; one per process)."""
+class Guards:
+    """The guarded variables of one ``MaskedOptimizer``'s steps in progress, per replica.
+
+    Each wrapper owns one; each guarded ``tf.Variable`` knows the wrappers that guard it (weak
+    references), so a write finds its guard through the variable it writes and the step in progress
+    of *its* owner, never through a process-wide table: two models stepping at the same time in two
+    threads, or several wrappers in one traced step, never see each other's entries. Within one
+    owner the entries are per replica (under ``MirroredStrategy`` a replica's update runs in the
+    thread of its ``merge_call``, not the replica's), and a step entered inside another step of the
+    same owner stacks on it.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._targets: dict[Any, dict[int, Target]] = {}
-        self._entries: dict[Any, dict[int, Entry]] = {}
+        self._frames: dict[Any, list[tuple[int, dict[int, Target], dict[int, Entry]]]] = {}
         self._local = threading.local()
 
-    def _find(self, table: dict[Any, dict[int, Any]], k: int) -> Any:
-        if not table:
+    def _find(self, k: int, which: int) -> Any:
+        frames = self._frames
+        if not frames:
             return None
-        mine = table.get(api.replica_id())
-        if mine is not None and k in mine:
-            return mine[k]
-        for other in list(table.values()):  # a write issued for another replica id: masks are the same
-            if k in other:
-                return other[k]
+        mine = frames.get(api.replica_id())
+        for stack in ([mine] if mine else []) + list(frames.values()):  # another replica id: masks are the same
+            for frame in reversed(stack):
+                found = frame[which].get(k)
+                if found is not None:
+                    return found
         return None
 
     @contextlib.contextmanager
     def active(self, entries: dict[int, Entry]) -> Iterator[None]:
-        """Guard the entries' variables for the duration of the block (one replica's step)."""
-        rid = api.replica_id()
+        """Guard the entries' variables for the duration of the block (one replica's step of this owner).
+
+        Raises:
+            RuntimeError: a step of the same owner and replica is in progress in another thread.
+        """
+        rid, thread = api.replica_id(), threading.get_ident()
         targets = {}
         for k, entry in entries.items():
             targets[k] = entry.target
             for slot, target, _ in entry.slots:
                 targets[api.key(slot)] = target
+        frame = (thread, targets, entries)
         with self._lock:
-            self._targets[rid], self._entries[rid] = targets, entries
+            stack = self._frames.setdefault(rid, [])
+            if any(t != thread for t, _, _ in stack):
+                raise RuntimeError(
+                    "MaskedOptimizer: this optimizer is already applying a step in another thread; one optimizer "
+                    "steps one model at a time (give each model, or each thread, its own MaskedOptimizer)"
+                )
+            stack.append(frame)
         try:
             yield
         finally:
             with self._lock:
-                self._targets.pop(rid, None)
-                self._entries.pop(rid, None)
+                stack = self._frames.get(rid, [])
+                stack[:] = [f for f in stack if f is not frame]
+                if not stack:
+                    self._frames.pop(rid, None)
 
     def target(self, variable: Any) -> Target | None:
         k = api.key(variable)
         if k in getattr(self._local, "passthrough", ()):
             return None
-        return self._find(self._targets, k)
+        return self._find(k, 1)
 
     def entry(self, variable: Any) -> Entry | None:
-        return self._find(self._entries, api.key(variable))
+        return self._find(api.key(variable), 2)
 
     @contextlib.contextmanager
     def passthrough(self, variables: Sequence[Any]) -> Iterator[None]:
@@ -169,22 +192,28 @@ class Registry:
             self._local.passthrough = before
 
 
-REGISTRY = Registry()
-
-
 # -- the guard on one tf.Variable -------------------------------------------------------------------
 class _Guard:
     """The shadow of one write method of one ``tf.Variable``."""
 
-    __slots__ = ("variable", "method", "plain", "fused")
+    __slots__ = ("variable", "method", "plain", "fused", "owners")
 
-    def __init__(self, variable: Any, method: str, fused: dict[Any, Any]):
+    def __init__(self, variable: Any, method: str, fused: dict[Any, Any], owners: list[Any]):
         self.variable, self.method = variable, method
         self.plain = getattr(type(variable), method)
         self.fused = fused  # shared by a variable's guards: the XLA-compiled writes
+        self.owners = owners  # shared by a variable's guards: weak references to the Guards that guard it
+
+    def _target(self) -> Target | None:
+        for ref in self.owners:
+            guards = ref()
+            target = None if guards is None else guards.target(self.variable)
+            if target is not None:
+                return target
+        return None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        target = REGISTRY.target(self.variable)
+        target = self._target()
         if target is None:
             return self.plain(self.variable, *args, **kwargs)
         with tf.name_scope(GUARD_SCOPE):
@@ -201,7 +230,7 @@ class _Guard:
         var = self.variable
         if isinstance(value, tf.IndexedSlices):  # not a dense write: scatter it like Keras' TF optimizer does
             method = {"assign": "scatter_update", "assign_add": "scatter_add", "assign_sub": "scatter_sub"}[self.method]
-            return _Guard(var, method, self.fused)._scatter(target, value)
+            return _Guard(var, method, self.fused, self.owners)._scatter(target, value)
         value = tf.convert_to_tensor(value, dtype=var.dtype)
         keep = target.keep()
         if target.source is None and _in_graph() and not api.in_xla() and _size(var) >= FUSE_ABOVE:
@@ -253,16 +282,22 @@ class _Guard:
         return result
 
 
-def install(variable: Any) -> None:
-    """Shadow the write methods of every ``tf.Variable`` behind ``variable`` (idempotent)."""
+def install(variable: Any, guards: Guards) -> None:
+    """Shadow the write methods of every ``tf.Variable`` behind ``variable``, guarded by ``guards`` (idempotent;
+    a variable several wrappers guard knows each of them)."""
     for component in api.components(variable):
-        if getattr(component, "_freezing_guarded", False):
+        existing = component.__dict__.get("assign")
+        if isinstance(existing, _Guard):
+            owners = existing.owners
+            owners[:] = [ref for ref in owners if ref() is not None]
+            if not any(ref() is guards for ref in owners):
+                owners.append(weakref.ref(guards))
             continue
         fused: dict[Any, Any] = {}
+        owners = [weakref.ref(guards)]
         for method in WRITE_METHODS:
             if hasattr(type(component), method):
-                object.__setattr__(component, method, _Guard(component, method, fused))
-        object.__setattr__(component, "_freezing_guarded", True)
+                object.__setattr__(component, method, _Guard(component, method, fused, owners))
 
 
 # -- the trace-time check -------------------------------------------------------------------------
@@ -310,20 +345,20 @@ def check_writes(graph: Any, start: int, guarded: Sequence[Any], who: str) -> No
 class WritePath:
     """The shadow of one leaf optimizer's ``update_step``: the mode dispatch, the masked update and its check."""
 
-    def __init__(self, leaf: keras.optimizers.Optimizer):
-        self.leaf = leaf
+    def __init__(self, leaf: keras.optimizers.Optimizer, guards: Guards):
+        self.leaf, self.guards = leaf, guards
         self.plain = type(leaf).update_step.__get__(leaf)  # Keras' own, even if another wrapper installed a path
         self.elementwise = isinstance(leaf, ELEMENTWISE)
         object.__setattr__(leaf, "update_step", self.update_step)
 
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> Any:
-        entry = REGISTRY.entry(variable)
+        entry = self.guards.entry(variable)
         if entry is None:
             return self.plain(gradient, variable, learning_rate)
         owned = [variable] + [slot for slot, _, _ in entry.slots]
 
         def plain() -> None:
-            with REGISTRY.passthrough(owned):
+            with self.guards.passthrough(owned):
                 self.plain(gradient, variable, learning_rate)
 
         def masked() -> None:
@@ -351,14 +386,14 @@ class WritePath:
         before = [tf.identity(tf.convert_to_tensor(s)) for s, _ in deferred]
         graph = api.default_graph() if _in_graph() else None
         start = len(graph.get_operations()) if graph is not None else 0
-        with REGISTRY.passthrough([s for s, _ in deferred]):
+        with self.guards.passthrough([s for s, _ in deferred]):
             self.plain(gradient, variable, learning_rate)
         if graph is not None:
             copied_back = {id(s) for s, _ in deferred}  # written as Keras writes them, then restored below
             check_writes(graph, start, [variable] + [s for s, _, _ in entry.slots if id(s) not in copied_back],
                          f"{type(self.leaf).__name__}.update_step")
         for (slot, target), old in zip(deferred, before):  # the slots Keras updated, frozen entries copied back
-            with REGISTRY.passthrough([slot]), tf.name_scope(GUARD_SCOPE):
+            with self.guards.passthrough([slot]), tf.name_scope(GUARD_SCOPE):
                 now = tf.convert_to_tensor(slot)
                 slot.assign(_masks.where(target.keep(), now, old, now))
 

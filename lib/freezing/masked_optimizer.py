@@ -68,7 +68,7 @@ from freezing._sparse_state import SparseState
 from freezing._saving import SavedState
 from freezing._surface import InnerSurface
 from freezing._wrappers import wrapper_chain
-from freezing._write_path import ELEMENTWISE, REGISTRY, WritePath, entries_for, install, reset_frozen_slots
+from freezing._write_path import ELEMENTWISE, Guards, WritePath, entries_for, install, reset_frozen_slots
 from freezing.selection import variable_path
 from freezing.slots import slot_initial_value, slots
 from freezing.validation import check_choice
@@ -188,6 +188,7 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         object.__setattr__(self, "_pending", {})  # masks set before build, by path
         object.__setattr__(self, "_mask_index", {})  # variable key -> index into the mask store
         object.__setattr__(self, "_paths", [])  # one WritePath per writing optimizer
+        object.__setattr__(self, "_guards", Guards())  # this optimizer's steps in progress: what its variables' guards read
         object.__setattr__(self, "_sparse", SparseState(self, sparse_sizes or []))
         self._masks = _masks.MaskStore()  # tracked by TF: the masks save with checkpoints
 
@@ -222,7 +223,7 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         if not self.built:
             return self.inner.finalize_variable_values(var_list)
         entries, _ = self._entries(_keras_api.trainable_variables(self), None, mask_fn=False)
-        with REGISTRY.active(entries):
+        with self._guards.active(entries):
             self.inner.finalize_variable_values(self._sparse.inner_variables(var_list))
 
     # -- build: the mask variables and the guard ---------------------------------------------------
@@ -268,14 +269,14 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
             self._masks.keep.extend(keeps)
             self._masks.mode = modes
             for v in inner_vars:
-                install(v)
+                install(v, self._guards)
             for leaf in leaves:
                 for v in inner_vars:
                     if _keras_api.knows(leaf, v):
                         for values in _keras_api.per_variable_lists(leaf).values():
                             if values[_keras_api.index(leaf, v)] is not None:
-                                install(values[_keras_api.index(leaf, v)])
-                self._paths.append(WritePath(leaf))
+                                install(values[_keras_api.index(leaf, v)], self._guards)
+                self._paths.append(WritePath(leaf, self._guards))
         object.__setattr__(self, "_own_defaults", True)  # Keras' own build must not create EMA/accumulators
         try:
             super().build(var_list)
@@ -575,7 +576,7 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         else:
             if self.policy == "reset" and in_graph:
                 reset_frozen_slots({k: e for k, e in entries.items() if k in in_graph}, self._initial)
-            with REGISTRY.active(entries):
+            with self._guards.active(entries):
                 self.inner.apply(grads, variables)
         self._sparse.scatter()
 
