@@ -220,10 +220,9 @@ def memory_report(variants: dict) -> dict:
     if "hold" in variants:
         opt, model = variants["hold"]["opt"], variants["hold"]["model"]
         masked = int(sum(int(np.prod(v.shape)) for v in model.trainable_variables if opt.get_mask(v) is not None))
-        n = len(model.trainable_variables)
-        out.update(hold_masked_entries=masked, hold_mask_bytes=opt.mask_bytes(),
-                   hold_mode_bytes=4 * n,
-                   hold_mask_bytes_per_masked_entry=(opt.mask_bytes() - 4 * n) / max(masked, 1),
+        unmasked = sum(1 for v in model.trainable_variables if opt.get_mask(v) is None)  # 1 B each
+        out.update(hold_masked_entries=masked, hold_mask_bytes=opt.mask_bytes(), hold_unmasked_bytes=unmasked,
+                   hold_mask_bytes_per_masked_entry=(opt.mask_bytes() - unmasked) / max(masked, 1),
                    inner_bytes_equal=_bytes(opt.inner.variables) == _bytes(plain["opt"].variables),
                    wrapper_own_base_bytes=_bytes(opt._variables))
     if "mask_fn" in variants:
@@ -359,12 +358,12 @@ def main(argv: list[str] | None = None) -> dict:
 def _print_memory(m: dict) -> None:
     if "hold_mask_bytes" in m:
         print(f"  memory: hold mask_bytes() = {m['hold_mask_bytes']:,} B = {m['hold_mask_bytes_per_masked_entry']:.3f} B "
-              f"per masked entry ({m['hold_masked_entries']:,}) + {m['hold_mode_bytes']} B of modes  (target <= 1 B per "
+              f"per masked entry ({m['hold_masked_entries']:,}) + {m['hold_unmasked_bytes']} B of unmasked variables  (target <= 1 B per "
               f"masked entry): {_met(m['hold_mask_bytes_per_masked_entry'] <= 1)}; inner Adam bytes equal to plain: "
               f"{m['inner_bytes_equal']}; the wrapper's own base-class variables: {m['wrapper_own_base_bytes']} B")
     if "mask_fn_mask_bytes" in m:
         print(f"  memory: mask_fn only: mask_bytes() = {m['mask_fn_mask_bytes']} B in all "
-              f"({m['mask_fn_mask_variables']} scalar 'no mask' variables and their modes)")
+              f"({m['mask_fn_mask_variables']} scalar 'no mask' variables)")
     if "sparse_over_dense_fc1_bytes" in m:
         ratio = m["sparse_over_dense_fc1_bytes"]
         print(f"  memory: optimizer state for fc1 (1% trainable): dense hold {m['dense_fc1_optimizer_bytes_fc1']:,} B "

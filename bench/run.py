@@ -81,7 +81,7 @@ def _summary(results: dict) -> list[str]:
     m = results.get("masked_fit", {}).get("memory") or {}
     if "hold_mask_bytes_per_masked_entry" in m:
         lines.append(f"  memory, hold: {m['hold_mask_bytes_per_masked_entry']:.3f} B per masked entry + "
-                     f"{m['hold_mode_bytes']} B of modes (target <= 1 B per masked entry); mask_fn only: "
+                     f"{m['hold_unmasked_bytes']} B of unmasked variables (target <= 1 B per masked entry); mask_fn only: "
                      f"{m.get('mask_fn_mask_bytes')} B in all; inner optimizer bytes equal: {m['inner_bytes_equal']}")
     if "sparse_over_dense_fc1_bytes" in m:
         v = m["sparse_over_dense_fc1_bytes"]

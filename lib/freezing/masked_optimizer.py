@@ -21,9 +21,9 @@ What is held, per policy:
 
 Masks are optimizer state: one boolean variable per trainable variable, scalar ``True`` ("no mask",
 1 byte) until ``set_mask`` stores a mask (1 byte per stored entry; a mask broadcastable to the
-variable, such as one per output column, is stored at its own shape), and 4 bytes per variable
-for its mode (``int32``: the smallest integer tf.distribute's collectives broadcast). The graph reads
-these variables, so a mask changed between batches or epochs takes effect on the next step with no
+variable, such as one per output column, is stored at its own shape; a wholly frozen variable is
+scalar ``False``). Which path a variable's step takes is read off its mask, never stored beside it
+(``freezing._masks``). The graph reads these variables, so a mask changed between batches or epochs takes effect on the next step with no
 recompiling and no retracing, and masks save with the model and restore from a checkpoint.
 
 Edge cases, decided:
@@ -197,17 +197,16 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
 
     @property
     def variables(self) -> list[Any]:
-        """The inner optimizer's variables, one mask per built variable, their modes, then any sparse state.
+        """The inner optimizer's variables, one mask per built variable, then any sparse state.
 
         Returns:
             A new list of variables (what ``.keras`` saving stores and ``set_weights`` writes).
 
         >>> w = keras.Variable([1.0, 2.0], name="w"); opt = MaskedOptimizer("adam"); opt.build([w])
-        >>> len(opt.variables)  # iterations, learning rate, m, v, the mask of w, the modes
-        6
+        >>> len(opt.variables)  # iterations, learning rate, m, v, the mask of w
+        5
         """
-        modes = [] if self._masks.mode is None else [self._masks.mode]
-        return list(self.inner.variables) + list(self._masks.keep) + modes + self._sparse.variables()
+        return list(self.inner.variables) + list(self._masks.keep) + self._sparse.variables()
 
     def finalize_variable_values(self, var_list: Sequence[Any]) -> None:
         """Forward to the inner optimizer with every mask in force (with ``use_ema``, ``fit`` ends by
@@ -256,7 +255,6 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         with tf.init_scope():
             keeps = [tf.Variable(True, shape=tf.TensorShape(None), dtype=tf.bool, trainable=False, name=f"keep_{i}")
                      for i in range(len(var_list))]
-            modes = tf.Variable(np.zeros(len(var_list), np.int32), dtype=tf.int32, trainable=False, name="modes")
             inner_vars = self._sparse.build(var_list, pending)
         if not self.inner.built:
             self.inner.build(inner_vars)
@@ -267,7 +265,6 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
             for i, v in enumerate(var_list):
                 self._mask_index[_keras_api.key(v)] = i
             self._masks.keep.extend(keeps)
-            self._masks.mode = modes
             for v in inner_vars:
                 install(v, self._guards)
             for leaf in leaves:
@@ -360,13 +357,9 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         index = self._mask_index[_keras_api.key(variable)]
         if self._sparse.check_set(variable, keep):
             return  # the same fixed selection: stored as the sparse state's index
-        mode = _masks.host_mode(keep, tuple(variable.shape))
-        stored = keep if mode not in (_masks.UNMASKED, _masks.FROZEN) else np.asarray(mode == _masks.UNMASKED)
-        modes = self._masks.mode.numpy()
-        modes[index] = mode
+        stored = _masks.to_store(keep, tuple(variable.shape))
         self._masks.keep[index].assign(stored)
-        self._masks.mode.assign(modes)
-        if reset and mode != _masks.UNMASKED:
+        if reset and not (stored.ndim == 0 and bool(stored)):
             self._reset_slots(variable, stored)
 
     def _reset_slots(self, variable: Any, keep: np.ndarray) -> None:
@@ -432,21 +425,21 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         self.set_mask(variable, True)
 
     def mask_bytes(self) -> int:
-        """Bytes the stored masks take: 1 per stored entry, 1 per variable without a mask, 4 per variable's mode.
+        """Bytes the stored masks take: 1 per stored entry, 1 per variable without a mask (or wholly frozen).
 
         Returns:
-            The total size of the mask and mode variables, in bytes.
+            The total size of the mask variables, in bytes.
 
         >>> v = keras.Variable(np.zeros((4, 5)), name="w")
         >>> opt = MaskedOptimizer("adam"); opt.build([v]); opt.mask_bytes()
-        5
+        1
         >>> opt.set_mask(v, np.random.default_rng(0).random((4, 5)) < 0.5); opt.mask_bytes()
-        24
+        20
         """
-        return int(sum(tf.size(m).numpy() * m.dtype.size for m in list(self._masks.keep) + [self._masks.mode]))
+        return int(sum(tf.size(m).numpy() * m.dtype.size for m in self._masks.keep))
 
     def state_bytes(self) -> int:
-        """Bytes of every variable this optimizer holds: the inner optimizer's, the masks and modes, sparse state.
+        """Bytes of every variable this optimizer holds: the inner optimizer's, the masks, sparse state.
 
         The inner optimizer's variables are its slots, step counter and learning rate; with
         ``state="sparse"`` each selection adds K ``int32`` indices and K scratch values.
@@ -456,8 +449,8 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
 
         >>> w = keras.Variable(np.zeros((4, 5), "float32"), name="w")
         >>> opt = MaskedOptimizer("adam"); opt.build([w])
-        >>> opt.state_bytes()  # step 8 + learning rate 4 + m 80 + v 80 + mask 1 + mode 4
-        177
+        >>> opt.state_bytes()  # step 8 + learning rate 4 + m 80 + v 80 + mask 1
+        173
         """
         variables = self.variables + self._sparse.scratch()
         return int(sum(int(tf.size(v).numpy()) * tf.as_dtype(v.dtype).size for v in variables))
@@ -555,9 +548,9 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
                 in_graph[k] = keep
                 mode = _masks.graph_mode(keep)
                 keeps[k], modes[k] = (lambda keep=keep: keep), (lambda mode=mode: mode)
-            elif not (tf.executing_eagerly() and int(self._masks.mode[index]) == _masks.UNMASKED):
+            elif not (tf.executing_eagerly() and _masks.stored_mode(stored) == _masks.UNMASKED):
                 keeps[k] = lambda stored=stored: tf.convert_to_tensor(stored)
-                modes[k] = lambda index=index: tf.gather(tf.convert_to_tensor(self._masks.mode), index)
+                modes[k] = lambda stored=stored: _masks.stored_mode(stored)
         return entries_for(self._leaves(), _keras_api.trainable_variables(self), keeps, modes), in_graph
 
     def _step(self, grads: list[Any], variables: list[Any], masks: list[Any] | None) -> None:
