@@ -214,6 +214,30 @@ def replica_id() -> int:
     return 0 if rid is None else int(rid)
 
 
+def called_graphs(op: Any) -> list[Any]:
+    """The graphs of the functions an op runs (``If``/``Case`` branches, ``While`` bodies, a nested
+    ``tf.function``), found by name in the op's graph or the graphs around it (``Graph._functions``)."""
+    names = []
+    for attr in ("then_branch", "else_branch", "branches", "body", "cond", "f"):
+        try:
+            value = op.get_attr(attr)
+        except ValueError:
+            continue
+        names += [v.name for v in value] if isinstance(value, list) else [getattr(value, "name", None)]
+    found = []
+    for name in names:
+        graph = op.graph
+        while graph is not None and name is not None:
+            function = graph._functions.get(name)
+            if function is not None:
+                inner = getattr(function, "graph", None)
+                if inner is not None:
+                    found.append(inner)
+                break
+            graph = getattr(graph, "outer_graph", None)
+    return found
+
+
 def default_graph() -> Any:
     """The graph being built (a ``FuncGraph`` inside ``tf.function`` or a branch of control flow)."""
     _, ops, _ = _tf_private()

@@ -46,7 +46,6 @@ class InnerSurface:
     """Mixin: the inner optimizer's options, learning rate, counters and unknown attributes, seen through a wrapper."""
 
     inner: Any
-    _guards: Any
 
     def __getattr__(self, name: str) -> Any:
         inner = self.__dict__.get("inner")
@@ -127,20 +126,25 @@ class InnerSurface:
         """
         leaf = next((o for o in self._leaves() if _keras_api.knows(o, variable)), self._leaves()[0])
         entries, _ = self._entries([variable], None, mask_fn=False)
-        with self._guards.active(entries):
-            leaf.update_step(gradient, variable, learning_rate)
+        self._guarded(entries, lambda: leaf.update_step(gradient, variable, learning_rate), "update_step")
 
     def _apply_weight_decay(self, variables: Sequence[Any]) -> None:
         """The inner optimizers' weight decay (their own rule: Muon's too), with the stored masks in force."""
         entries, _ = self._entries(list(variables), None, mask_fn=False)
-        with self._guards.active(entries):
+
+        def decay() -> None:
             for leaf in self._leaves():
                 _keras_api.apply_weight_decay(leaf, [v for v in variables if _keras_api.knows(leaf, v)] if leaf.built else variables)
+
+        self._guarded(entries, decay, "weight decay")
 
     def _leaves(self) -> list[Any]:  # pragma: no cover - defined by the wrapper
         raise NotImplementedError
 
     def _entries(self, variables: list[Any], masks: Any, mask_fn: bool = True) -> tuple[dict, dict]:  # pragma: no cover
+        raise NotImplementedError
+
+    def _guarded(self, entries: dict, write: Any, who: str) -> None:  # pragma: no cover - defined by the wrapper
         raise NotImplementedError
 
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import uuid
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -71,7 +72,12 @@ WRITE_METHODS = (
 """The public write methods of ``tf.Variable`` the guard shadows."""
 
 GUARD_SCOPE = "freezing_guard"
-"""Name scope of the guard's own writes (how the trace-time check tells them from Keras')."""
+"""Prefix of the name scope of an owner's own writes in a graph; each ``Guards`` adds a random suffix (its
+token), so the trace-time check tells its writes from any other op, whatever that op is named."""
+
+RESTORE_IN_GRAPHS = False
+"""Use the snapshot-and-select construction (``freezing._restore``) in graphs too, not only in eager steps
+(the ``*_restore`` rows of ``make bench``: what the guarded write buys over it)."""
 
 DISPATCH_ABOVE = 1 << 14
 """In a graph, a variable with fewer entries than this always takes the masked update: the per-variable
@@ -105,10 +111,10 @@ class Target:
 class Entry:
     """One model variable in one step: its mode, its own target and its optimizer variables' targets."""
 
-    __slots__ = ("mode", "target", "slots")
+    __slots__ = ("variable", "mode", "target", "slots")
 
-    def __init__(self, mode: Callable[[], Any], target: Target, slots: list[tuple[Any, Target, bool]]):
-        self.mode, self.target = mode, target
+    def __init__(self, variable: Any, mode: Callable[[], Any], target: Target, slots: list[tuple[Any, Target, bool]]):
+        self.variable, self.mode, self.target = variable, mode, target
         self.slots = slots  # (optimizer variable, its target, whether update_step updates it)
 
 
@@ -128,6 +134,7 @@ class Guards:
         self._lock = threading.Lock()
         self._frames: dict[Any, list[tuple[int, dict[int, Target], dict[int, Entry]]]] = {}
         self._local = threading.local()
+        self.token = f"{GUARD_SCOPE}_{uuid.uuid4().hex[:12]}"  # the name scope of this owner's writes
 
     def _find(self, k: int, which: int) -> Any:
         frames = self._frames
@@ -172,11 +179,13 @@ class Guards:
                 if not stack:
                     self._frames.pop(rid, None)
 
-    def target(self, variable: Any) -> Target | None:
+    def lookup(self, variable: Any) -> tuple[bool, Target | None]:
+        """Whether a step of this owner guards ``variable`` now, and its target (None: write it unmasked)."""
         k = api.key(variable)
-        if k in getattr(self._local, "passthrough", ()):
-            return None
-        return self._find(k, 1)
+        target = self._find(k, 1)
+        if target is None:
+            return False, None
+        return True, (None if k in getattr(self._local, "passthrough", ()) else target)
 
     def entry(self, variable: Any) -> Entry | None:
         return self._find(api.key(variable), 2)
@@ -204,19 +213,22 @@ class _Guard:
         self.fused = fused  # shared by a variable's guards: the XLA-compiled writes
         self.owners = owners  # shared by a variable's guards: weak references to the Guards that guard it
 
-    def _target(self) -> Target | None:
+    def _owner(self) -> tuple[Guards | None, Target | None]:
         for ref in self.owners:
             guards = ref()
-            target = None if guards is None else guards.target(self.variable)
-            if target is not None:
-                return target
-        return None
+            if guards is not None:
+                guarded, target = guards.lookup(self.variable)
+                if guarded:
+                    return guards, target
+        return None, None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        target = self._target()
-        if target is None:
+        guards, target = self._owner()
+        if guards is None:
             return self.plain(self.variable, *args, **kwargs)
-        with tf.name_scope(GUARD_SCOPE):
+        with tf.name_scope(guards.token):  # in a graph: how the step's check knows this write went through here
+            if target is None:  # unmasked on purpose: Keras' own update of an unmasked variable, or a copy-back
+                return self.plain(self.variable, *args, **kwargs)
             if self.method in ("assign", "assign_add", "assign_sub"):
                 return self._dense(target, *args, **kwargs)
             return self._scatter(target, *args, **kwargs)
@@ -301,6 +313,12 @@ def install(variable: Any, guards: Guards) -> None:
 
 
 # -- the trace-time check -------------------------------------------------------------------------
+CALLS = ("If", "StatelessIf", "Case", "StatelessCase", "While", "StatelessWhile", "PartitionedCall",
+         "StatefulPartitionedCall")
+"""Op types that run functions of their own (branches, loop bodies, nested ``tf.function`` s): the check
+reads their graphs too."""
+
+
 def _is_write(op: Any) -> bool:
     return op.type.startswith(("Assign", "ResourceScatter", "ResourceApply", "ResourceSparseApply",
                                "ResourceStridedSliceAssign"))
@@ -324,21 +342,32 @@ def _handles(graph: Any, variables: Sequence[Any]) -> dict[int, str]:
     return found
 
 
-def check_writes(graph: Any, start: int, guarded: Sequence[Any], who: str) -> None:
-    """Raise if an op created since ``start`` writes a guarded variable without going through the guard."""
-    ops = graph.get_operations()[start:]
-    writes = [op for op in ops if _is_write(op) and GUARD_SCOPE not in op.name]
-    if not writes:
-        return
-    handles = _handles(graph, guarded)
-    for op in writes:
-        path = handles.get(id(op.inputs[0])) if op.inputs else None
-        if path is not None:
-            raise RuntimeError(
-                f"MaskedOptimizer: {who} wrote {path!r} with {op.type} outside the masked write; frozen entries "
-                f"would move. Keras {keras.__version__} updates variables in a way this version of freezing does "
-                "not guard: use a Keras in the range freezing declares, or report it."
-            )
+def _check_ops(ops: Sequence[Any], handles: dict[int, str], token: str, who: str) -> None:
+    for op in ops:
+        if token in op.name:  # the owner's own write, or a function it made (the fused write)
+            continue
+        if _is_write(op):
+            path = handles.get(id(op.inputs[0])) if op.inputs else None
+            if path is not None:
+                raise RuntimeError(
+                    f"MaskedOptimizer: {who} wrote {path!r} with {op.type} (op {op.name!r}) outside the masked "
+                    f"write; frozen entries would move. Keras {keras.__version__} updates variables in a way this "
+                    "version of freezing does not guard: use a Keras in the range freezing declares, or report it."
+                )
+        if op.type in CALLS:
+            for inner in api.called_graphs(op):
+                mapped = {id(i): handles[id(e)] for e, i in getattr(inner, "captures", ()) if id(e) in handles}
+                for outer_input, inner_input in zip(op.inputs[1 if op.type.endswith(("If", "Case")) else 0:], inner.inputs):
+                    if id(outer_input) in handles:
+                        mapped[id(inner_input)] = handles[id(outer_input)]
+                if mapped:
+                    _check_ops(inner.get_operations(), mapped, token, who)
+
+
+def check_writes(graph: Any, start: int, guarded: Sequence[Any], token: str, who: str) -> None:
+    """Raise if an op created since ``start`` -- in ``graph`` or in any function it calls (branches, loop
+    bodies, nested ``tf.function`` s) -- writes a guarded variable and is not the owner's own write."""
+    _check_ops(graph.get_operations()[start:], _handles(graph, guarded), token, who)
 
 
 # -- the per-variable update ------------------------------------------------------------------------
@@ -384,16 +413,10 @@ class WritePath:
     def _masked(self, entry: Entry, gradient: Any, variable: Any, learning_rate: Any) -> None:
         deferred = [] if self.elementwise else [(s, t) for s, t, updated in entry.slots if updated]
         before = [tf.identity(tf.convert_to_tensor(s)) for s, _ in deferred]
-        graph = api.default_graph() if _in_graph() else None
-        start = len(graph.get_operations()) if graph is not None else 0
         with self.guards.passthrough([s for s, _ in deferred]):
             self.plain(gradient, variable, learning_rate)
-        if graph is not None:
-            copied_back = {id(s) for s, _ in deferred}  # written as Keras writes them, then restored below
-            check_writes(graph, start, [variable] + [s for s, _, _ in entry.slots if id(s) not in copied_back],
-                         f"{type(self.leaf).__name__}.update_step")
         for (slot, target), old in zip(deferred, before):  # the slots Keras updated, frozen entries copied back
-            with self.guards.passthrough([slot]), tf.name_scope(GUARD_SCOPE):
+            with self.guards.passthrough([slot]):
                 now = tf.convert_to_tensor(slot)
                 slot.assign(_masks.where(target.keep(), now, old, now))
 
@@ -421,7 +444,7 @@ def entries_for(leaves: Sequence[Any], variables: Sequence[Any], keeps: dict[int
                 is_average = average is not None and slot is average
                 target = Target(_slot_keep(keep, v, slot), variable_path(slot), source=v if is_average else None)
                 slots.append((slot, target, attr not in api.OUTSIDE_UPDATE_STEP))
-        entries[k] = Entry(modes[k], Target(keep, variable_path(v)), slots)
+        entries[k] = Entry(v, modes[k], Target(keep, variable_path(v)), slots)
     return entries
 
 

@@ -68,7 +68,9 @@ from freezing._sparse_state import SparseState
 from freezing._saving import SavedState
 from freezing._surface import InnerSurface
 from freezing._wrappers import wrapper_chain
-from freezing._write_path import ELEMENTWISE, Guards, WritePath, entries_for, install, reset_frozen_slots
+from freezing import _write_path
+from freezing._restore import restored
+from freezing._write_path import ELEMENTWISE, Guards, WritePath, check_writes, entries_for, install, reset_frozen_slots
 from freezing.selection import variable_path
 from freezing.slots import slot_initial_value, slots
 from freezing.validation import check_choice
@@ -222,8 +224,8 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         if not self.built:
             return self.inner.finalize_variable_values(var_list)
         entries, _ = self._entries(_keras_api.trainable_variables(self), None, mask_fn=False)
-        with self._guards.active(entries):
-            self.inner.finalize_variable_values(self._sparse.inner_variables(var_list))
+        self._guarded(entries, lambda: self.inner.finalize_variable_values(self._sparse.inner_variables(var_list)),
+                      "finalize_variable_values")
 
     # -- build: the mask variables and the guard ---------------------------------------------------
     def build(self, var_list: Sequence[Any]) -> None:
@@ -569,9 +571,26 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         else:
             if self.policy == "reset" and in_graph:
                 reset_frozen_slots({k: e for k, e in entries.items() if k in in_graph}, self._initial)
-            with self._guards.active(entries):
-                self.inner.apply(grads, variables)
+            self._guarded(entries, lambda: self.inner.apply(grads, variables), f"{type(self.inner).__name__}.apply")
         self._sparse.scatter()
+
+    def _guarded(self, entries: dict[int, Any], write: Any, who: str) -> None:
+        """Run ``write`` (the inner optimizer's own code) so that no frozen entry of ``entries`` changes a bit.
+
+        In a graph: the guarded write (``freezing._write_path``), then the trace-time check that every op it
+        added -- nested functions' too -- that writes a guarded variable went through the guard. Eagerly
+        (no trace to check): the snapshot-and-select construction (``freezing._restore``).
+        """
+        if tf.executing_eagerly() or _write_path.RESTORE_IN_GRAPHS:
+            with restored(entries):
+                write()
+            return
+        graph = _keras_api.default_graph()
+        start = len(graph.get_operations())
+        with self._guards.active(entries):
+            write()
+        guarded = [v for e in entries.values() for v in [e.variable] + [s for s, _, _ in e.slots]]
+        check_writes(graph, start, guarded, self._guards.token, who)
 
 def _renamed(trainable_masks: Any, masks: Any) -> Any:
     if masks is None:

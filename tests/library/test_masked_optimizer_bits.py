@@ -134,7 +134,7 @@ def test_a_write_that_bypasses_the_guard_raises_when_the_step_is_traced():
     opt = MaskedOptimizer(Rerouted(0.1))
     opt.build([w])
     opt.set_mask(w, np.arange(1 << 15) % 2 == 0)
-    with pytest.raises(RuntimeError, match=r"MaskedOptimizer: Rerouted.update_step wrote 'w' with AssignSubVariableOp "
+    with pytest.raises(RuntimeError, match=r"MaskedOptimizer: Rerouted.apply wrote .w. with AssignSubVariableOp .op .*. "
                                            r"outside the masked write; frozen entries would move"):
         tf.function(lambda: opt.apply_gradients([(tf.ones(1 << 15), w)]))()
 
