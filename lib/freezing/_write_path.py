@@ -149,15 +149,18 @@ class Guards:
         return None
 
     @contextlib.contextmanager
-    def active(self, entries: dict[int, Entry]) -> Iterator[None]:
+    def active(self, entries: dict[int, Entry], writes: bool = True) -> Iterator[None]:
         """Guard the entries' variables for the duration of the block (one replica's step of this owner).
+
+        With ``writes=False`` only the per-variable dispatch is in force (a wholly frozen variable skips
+        ``update_step``); the writes themselves are left to ``freezing._restore``.
 
         Raises:
             RuntimeError: a step of the same owner and replica is in progress in another thread.
         """
         rid, thread = api.replica_id(), threading.get_ident()
         targets = {}
-        for k, entry in entries.items():
+        for k, entry in (entries if writes else {}).items():
             targets[k] = entry.target
             for slot, target, _ in entry.slots:
                 targets[api.key(slot)] = target
@@ -383,6 +386,10 @@ class WritePath:
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> Any:
         entry = self.guards.entry(variable)
         if entry is None:
+            return self.plain(gradient, variable, learning_rate)
+        if not self.guards.lookup(variable)[0]:  # snapshot-and-select keeps the bits: only skip what is wholly frozen
+            if not _in_graph() and int(entry.mode()) == FROZEN:
+                return None
             return self.plain(gradient, variable, learning_rate)
         owned = [variable] + [slot for slot, _, _ in entry.slots]
 

@@ -582,7 +582,7 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         (no trace to check): the snapshot-and-select construction (``freezing._restore``).
         """
         if tf.executing_eagerly() or _write_path.RESTORE_IN_GRAPHS:
-            with restored(entries):
+            with self._guards.active(entries, writes=False), restored(entries):
                 write()
             return
         graph = _keras_api.default_graph()
