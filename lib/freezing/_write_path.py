@@ -131,7 +131,7 @@ class Guards:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._mutex = threading.Lock()
         self._frames: dict[Any, list[tuple[int, dict[int, Target], dict[int, Entry]]]] = {}
         self._local = threading.local()
         self.token = f"{GUARD_SCOPE}_{uuid.uuid4().hex[:12]}"  # the name scope of this owner's writes
@@ -165,7 +165,7 @@ class Guards:
             for slot, target, _ in entry.slots:
                 targets[api.key(slot)] = target
         frame = (thread, targets, entries)
-        with self._lock:
+        with self._mutex:
             stack = self._frames.setdefault(rid, [])
             if any(t != thread for t, _, _ in stack):
                 raise RuntimeError(
@@ -176,7 +176,7 @@ class Guards:
         try:
             yield
         finally:
-            with self._lock:
+            with self._mutex:
                 stack = self._frames.get(rid, [])
                 stack[:] = [f for f in stack if f is not frame]
                 if not stack:

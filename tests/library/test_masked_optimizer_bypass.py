@@ -117,3 +117,58 @@ def test_an_eager_step_with_a_write_that_bypasses_the_guard_keeps_every_frozen_b
                 assert not (changed_bits(after["w"], after[name]) & ~KEEP).any()
             else:
                 assert not (changed_bits(before[name], after[name]) & ~KEEP).any(), name
+
+
+# -- the compat check: what each private name is, and that the library touches none elsewhere ---------------
+@pytest.mark.parametrize("name, wrong, message", [
+    ("_use_weight_decay", True, r"has '_use_weight_decay' as bool, not a method"),
+    ("_trainable_variables", {}, r"has '_trainable_variables' as dict, not a list"),
+    ("_trainable_variables_indices", [], r"has '_trainable_variables_indices' as list, not a dict"),
+    ("_iterations", 3, r"has '_iterations' as int, not a variable"),
+    ("_var_key", None, r"has '_var_key' as NoneType, not a method"),
+])
+def test_the_compat_check_verifies_what_each_private_name_is(name, wrong, message):
+    opt = keras.optimizers.Adam()
+    opt.build([keras.Variable([1.0])])
+    object.__setattr__(opt, name, wrong)
+    with pytest.raises(RuntimeError, match=rf"Keras {keras.__version__}, TensorFlow .*: Adam {message}"):
+        _keras_api.check(opt)
+
+
+def test_the_compat_check_verifies_the_per_variable_lists_of_the_options_that_are_on():
+    opt = keras.optimizers.Adam(use_ema=True)
+    opt.build([keras.Variable([1.0]), keras.Variable([2.0])])
+    _keras_api.check(opt)
+    object.__setattr__(opt, "_model_variables_moving_average", opt._model_variables_moving_average[:1])
+    with pytest.raises(RuntimeError, match=r"with use_ema has no '_model_variables_moving_average' as a list of 2"):
+        _keras_api.check(opt)
+
+
+def test_no_module_but_the_compat_module_names_a_private_keras_or_tensorflow_attribute():
+    """Every ``_name`` the library writes as an attribute, a method it defines, or a string, outside
+    ``_keras_api.py``, is its own: none is a private attribute of a Keras optimizer, variable or model or of a
+    TensorFlow variable or graph (overrides such as ``_clip_gradients`` are installed under ``_keras_api``'s names)."""
+    import ast
+    import pathlib
+
+    import freezing
+
+    used: dict[str, set[str]] = {}
+    for path in pathlib.Path(freezing.__file__).parent.glob("*.py"):
+        if path.name == "_keras_api.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.attr] if isinstance(node, ast.Attribute) else [node.name] if isinstance(
+                node, ast.FunctionDef) else [node.value] if isinstance(node, ast.Constant) and isinstance(
+                node.value, str) and node.value.isidentifier() else []
+            for name in names:
+                if name.startswith("_") and not name.startswith("__"):
+                    used.setdefault(name, set()).add(path.name)
+    opt = keras.optimizers.Adam(use_ema=True, gradient_accumulation_steps=2)
+    v = keras.Variable([1.0])
+    opt.build([v])
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    theirs = set()
+    for obj in (opt, keras.optimizers.SGD(), v, v.value, model, tf.Graph()):
+        theirs |= set(dir(obj))
+    assert {name: sorted(files) for name, files in used.items() if name in theirs} == {}
