@@ -18,6 +18,10 @@ run in interleaved rounds (the order rotates every round; one round = one ``fit`
 * ``unmasked`` -- ``MaskedOptimizer(Adam)`` with no mask at all: what wrapping costs by itself.
 * ``hold_adamw`` -- as ``hold`` with ``AdamW(weight_decay=0.004)``, against ``plain_adamw``: weight decay
   is a write outside ``update_step``, masked by the same guard.
+* ``hold_restore``, ``unmasked_restore``, ``hold_adamw_restore`` -- as ``hold``, ``unmasked`` and
+  ``hold_adamw`` with ``freezing._write_path.RESTORE_IN_GRAPHS``: the snapshot-and-select construction
+  (old values of every masked variable and its state read, Keras' own ``apply`` untouched, the frozen
+  bits selected back; ``freezing._restore``) instead of the guarded write (what the guarded write buys).
 * ``hold_unfused`` -- as ``hold`` with ``freezing._write_path.FUSE_ABOVE`` out of reach: every guarded
   write as TensorFlow's add, select and assign instead of one XLA-compiled pass (what fusing buys).
 * ``frozen_half_undispatched`` -- as ``frozen_half`` with ``DISPATCH_ABOVE`` out of reach: every
@@ -65,6 +69,8 @@ TARGETS = {  # (variant, reference): target for variant / reference (issues 15 a
 OUT_OF_REACH = 1 << 40
 SETTINGS = {  # variant -> freezing._write_path constants in force while it is traced
     "hold_unfused": {"FUSE_ABOVE": OUT_OF_REACH},
+    "hold_restore": {"RESTORE_IN_GRAPHS": True}, "unmasked_restore": {"RESTORE_IN_GRAPHS": True},
+    "hold_adamw_restore": {"RESTORE_IN_GRAPHS": True},
     "frozen_half_undispatched": {"DISPATCH_ABOVE": OUT_OF_REACH},
 }
 XLA_TARGET = 1.03  # every masked variant / plain under jit_compile=True
@@ -163,7 +169,7 @@ def _fc1_selection(model: keras.Model, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).random(shape) < 0.01
 
 
-VARIANTS = ("plain", "unmasked", "hold", "hold_unfused", "hold_one", "hold_adamw", "plain_adamw", "frozen_half",
+VARIANTS = ("plain", "unmasked", "unmasked_restore", "hold", "hold_restore", "hold_adamw_restore", "hold_unfused", "hold_one", "hold_adamw", "plain_adamw", "frozen_half",
             "frozen_half_undispatched", "untrainable", "recompiled_half", "mask_fn", "dense_fc1", "sparse_fc1")
 PROFILE_VARIANTS = ("mask_fn_uniform",)  # by name only: --variants
 
@@ -183,9 +189,9 @@ def make_variants(names: list[str], seed: int, jit: bool) -> dict:
                     model.get_layer(layer).trainable = False
         elif name in ("mask_fn", "mask_fn_uniform"):
             opt = MaskedOptimizer(adam, mask_fn=random_keep_uniform if name == "mask_fn_uniform" else random_keep)
-        elif name == "unmasked":
+        elif name in ("unmasked", "unmasked_restore"):
             opt = MaskedOptimizer(adam)
-        elif name in ("hold", "hold_one", "hold_adamw", "hold_unfused"):
+        elif name in ("hold", "hold_one", "hold_adamw", "hold_unfused", "hold_restore", "hold_adamw_restore"):
             opt = MaskedOptimizer(adam)
             callbacks.append(RandomMasks(opt, seed=seed + 1, only=ONE if name == "hold_one" else None))
         elif name == "recompiled_half":  # the same MaskedOptimizer, built on every variable, then trainable=False
@@ -252,7 +258,7 @@ def _met(ok: bool) -> str:
 
 def _reference(name: str) -> str:
     return {"frozen_half": "untrainable", "frozen_half_undispatched": "untrainable", "recompiled_half": "untrainable",
-            "sparse_fc1": "dense_fc1", "hold_adamw": "plain_adamw"}.get(name, "plain")
+            "sparse_fc1": "dense_fc1", "hold_adamw": "plain_adamw", "hold_adamw_restore": "plain_adamw"}.get(name, "plain")
 
 
 def main(argv: list[str] | None = None) -> dict:

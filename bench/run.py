@@ -40,7 +40,7 @@ def _mirrored() -> dict:
 BENCHMARKS = {
     "masked_fit": lambda: bench_masked_fit.main(["--rounds", "7", "--epochs", "2", "--steps", "6"]),
     "masked_fit_xla": lambda: bench_masked_fit.main(["--jit", "--rounds", "5", "--epochs", "1", "--steps", "6",
-                                                     "--variants", "hold,hold_one,mask_fn,hold_adamw"]),
+                                                     "--variants", "hold,hold_one,mask_fn,hold_adamw,hold_restore,hold_adamw_restore"]),
     "masked_step": lambda: bench_masked_step.main(["--rounds", "7", "--steps", "10"]),
     "masked_step_xla": lambda: bench_masked_step.main(["--jit", "--rounds", "5", "--steps", "6"]),
     "masked_mirrored": _mirrored,
@@ -73,6 +73,14 @@ def _summary(results: dict) -> list[str]:
                   r["target"])
             ratio(label + " (CPU)", r["cpu_ratio_hold_over_plain"],
                   tuple(r["cpu_ratio_hold_over_plain_rounds_min_max"]), r["target"])
+    for key, label in (("masked_step", "custom loop: hold_restore / plain"),
+                       ("masked_step_xla", "custom loop XLA: hold_restore / plain")):
+        r = results.get(key, {})
+        if "ratio_hold_restore_over_plain" in r:
+            ratio(label + " (wall)", r["ratio_hold_restore_over_plain"],
+                  tuple(r["ratio_hold_restore_over_plain_rounds_min_max"]), None)
+            ratio(label + " (CPU)", r["cpu_ratio_hold_restore_over_plain"],
+                  tuple(r["cpu_ratio_hold_restore_over_plain_rounds_min_max"]), None)
     r = results.get("masked_mirrored", {})
     if "ratio_hold_over_plain" in r:
         for key, what in (("ratio_hold_over_plain", "wall"), ("cpu_ratio_hold_over_plain", "CPU")):

@@ -172,3 +172,29 @@ def test_no_module_but_the_compat_module_names_a_private_keras_or_tensorflow_att
     for obj in (opt, keras.optimizers.SGD(), v, v.value, model, tf.Graph()):
         theirs |= set(dir(obj))
     assert {name: sorted(files) for name, files in used.items() if name in theirs} == {}
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["graph", "xla"])
+@pytest.mark.parametrize("inner", ["adamw", "adafactor", "ema"])
+def test_the_snapshot_and_select_construction_gives_the_guarded_writes_bits(inner, jit, monkeypatch):
+    """What the eager step (and ``make bench``'s restore rows) runs gives the bits of the guarded write, bit for bit."""
+    from freezing import _write_path
+
+    make = {"adamw": lambda: keras.optimizers.AdamW(0.1, weight_decay=0.1),
+            "adafactor": lambda: keras.optimizers.Adafactor(0.1),
+            "ema": lambda: keras.optimizers.Adam(0.1, use_ema=True, ema_momentum=0.5, ema_overwrite_frequency=2)}[inner]
+    rng = np.random.default_rng(3)
+    init = rng.normal(size=SHAPE).astype("float32")
+    grads = [tf.constant(rng.normal(size=SHAPE).astype("float32")) for _ in range(4)]
+    masks = [rng.random(SHAPE) < 0.5 for _ in range(4)]
+    results = []
+    for restore in (False, True):
+        monkeypatch.setattr(_write_path, "RESTORE_IN_GRAPHS", restore)
+        w = keras.Variable(init, name="w")
+        opt = MaskedOptimizer(make())
+        opt.build([w])
+        step = tf.function(lambda g, m: opt.apply_gradients([(g, w)], trainable_masks=[m]), jit_compile=jit)
+        for g, m in zip(grads, masks):
+            step(g, tf.constant(m))
+        results.append([w.numpy().tobytes()] + [s.numpy().tobytes() for s in slots(opt, w).values()])
+    assert results[0] == results[1]
