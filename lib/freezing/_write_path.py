@@ -17,25 +17,32 @@ frozen entry, whose frozen branch copies the frozen *weight* (so swapping EMA we
 **Where.** The guard sits on the variables, not on Keras' code paths: at ``build`` every
 ``tf.Variable`` behind a model variable and its optimizer state (one per replica under a strategy)
 gets instance attributes that shadow its public write methods (``assign``, ``assign_add``,
-``scatter_add``, ...). Outside a ``MaskedOptimizer`` step they call TensorFlow's own method. During a
-step they mask whatever writes them -- ``update_step``, weight decay, constraints, EMA, gradient
-accumulation, ``overwrite_with_gradient``, an optimizer this library has never seen -- with no copy
-of Keras' formulas.
+``scatter_add``, ...), and knows which ``MaskedOptimizer`` s guard it (weak references to their
+``Guards``). Outside a step of one of them they call TensorFlow's own method. During a step they mask
+whatever writes them -- ``update_step``, weight decay, constraints, EMA, gradient accumulation,
+``overwrite_with_gradient``, an optimizer this library has never seen -- with no copy of Keras'
+formulas. There is no process-wide table: a write finds the step in progress through the variable it
+writes, so steps of two models in two threads, or several wrappers in one traced step, never meet.
 
 **Per-variable paths**, chosen in one function, ``WritePath.update_step`` (a shadow of the inner
 optimizer's public ``update_step``): no mask -> Keras' own ``update_step`` with the guard off; wholly
 frozen -> no update at all; some entries frozen -> the masked update. In a graph the choice is one
-``switch_case`` on the mode, so a changed mask never retraces; under XLA, and for variables under
-``DISPATCH_ABOVE`` entries, every variable takes the masked update (its selects with an all-True mask
-give Keras' bits). An optimizer whose update of one entry reads other entries' state (Lamb, Adafactor,
-Muon, anything not in ``ELEMENTWISE``) updates its slots as Keras would and has their frozen entries
-copied back after ``update_step``, so a held slot cannot change how Keras computes the trainable
-entries (a held zero velocity would turn Adafactor's update into NaN).
+``switch_case`` on the mode read off the mask (``freezing._masks``), so a changed mask never retraces;
+under XLA, and for variables under ``DISPATCH_ABOVE`` entries, every variable takes the masked update
+(its selects with an all-True mask give Keras' bits). An optimizer whose update of one entry reads
+other entries' state (Lamb, Adafactor, Muon, anything not in ``ELEMENTWISE``) updates its slots as
+Keras would and has their frozen entries copied back after ``update_step``, so a held slot cannot
+change how Keras computes the trainable entries (a held zero velocity would turn Adafactor's update
+into NaN).
 
-**The check.** When the masked update is traced, every resource write the inner optimizer's
-``update_step`` put in the graph is inspected: a write to a guarded variable that the guard did not
-make raises ``RuntimeError`` at trace time, so a Keras release that reroutes its writes fails loudly
-instead of moving frozen entries.
+**The check.** When a step is traced, every op the inner optimizer's ``apply`` (or weight decay, or
+``finalize_variable_values``) added to the graph is inspected, and so are the graphs of the functions
+those ops run (``cond`` branches, loop bodies, nested ``tf.function`` s): a write to a guarded variable
+that its owner's guard did not make (its ops carry the owner's random name scope, ``Guards.token``)
+raises ``RuntimeError`` at trace time, whatever method, op or name made it, so a Keras release that
+reroutes its writes fails loudly instead of moving frozen entries. An eager step leaves no trace to
+inspect: it runs the snapshot-and-select construction instead (``freezing._restore``), which keeps
+the frozen bits whatever writes them.
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ import tensorflow as tf
 
 from freezing import _keras_api as api
 from freezing import _masks
-from freezing._masks import FROZEN, UNMASKED
+from freezing._masks import FROZEN
 from freezing.selection import variable_path
 
 ELEMENTWISE = (
@@ -387,9 +394,9 @@ class WritePath:
         entry = self.guards.entry(variable)
         if entry is None:
             return self.plain(gradient, variable, learning_rate)
-        if not self.guards.lookup(variable)[0]:  # snapshot-and-select keeps the bits: only skip what is wholly frozen
+        if not self.guards.lookup(variable)[0]:  # snapshot-and-select keeps the bits (every eager step)
             if not _in_graph() and int(entry.mode()) == FROZEN:
-                return None
+                return None  # nothing of a wholly frozen variable is updated
             return self.plain(gradient, variable, learning_rate)
         owned = [variable] + [slot for slot, _, _ in entry.slots]
 
@@ -400,9 +407,6 @@ class WritePath:
         def masked() -> None:
             self._masked(entry, gradient, variable, learning_rate)
 
-        if not _in_graph():
-            mode = int(entry.mode())
-            return {UNMASKED: plain, FROZEN: lambda: None}.get(mode, masked)()
         if api.in_xla() or _size(variable) < DISPATCH_ABOVE:
             return masked()  # XLA fuses the selects into the update; a conditional keeps it from fusing
         branches = [plain, lambda: None, masked]
