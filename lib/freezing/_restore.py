@@ -7,10 +7,12 @@ frozen entries take the variable's old bits: a frozen entry's average is its wei
 them in between -- any write method, a raw op, a nested function, a write this library has never seen
 -- the frozen entries end with their old bits, so no check is needed.
 
-It costs a read and a select per masked tensor whether or not anything was frozen, where the guarded
-write (``freezing._write_path``) folds the select into each write. ``MaskedOptimizer`` uses it for eager
-steps, where no trace exists for the guarded write's check to read and each op's Python overhead
-dwarfs the copy; ``make bench``'s ``*_restore`` rows measure it in graphs against the guarded write.
+It costs a copy and a select per masked tensor whether or not anything was frozen, where the guarded
+write (``freezing._write_path``) folds the select into each write: ``make bench``'s ``*_restore`` rows
+measure it in graphs (``RESTORE_IN_GRAPHS``), where the guarded write is cheaper in every row, so graphs
+keep the guarded write and its trace-time check. ``MaskedOptimizer`` runs it, under the guard, for eager
+steps, where there is no trace for the check to read: for every variable with a dense gradient (an
+``IndexedSlices`` one stays a scatter under the guard alone).
 """
 
 from __future__ import annotations

@@ -41,8 +41,10 @@ those ops run (``cond`` branches, loop bodies, nested ``tf.function`` s): a writ
 that its owner's guard did not make (its ops carry the owner's random name scope, ``Guards.token``)
 raises ``RuntimeError`` at trace time, whatever method, op or name made it, so a Keras release that
 reroutes its writes fails loudly instead of moving frozen entries. An eager step leaves no trace to
-inspect: it runs the snapshot-and-select construction instead (``freezing._restore``), which keeps
-the frozen bits whatever writes them.
+inspect: under the same guard, it also runs the snapshot-and-select construction (``freezing._restore``)
+for every variable whose gradient is dense, which keeps the frozen bits whatever writes them. A variable
+with an ``IndexedSlices`` gradient is left to the guard alone, so its update stays a scatter (a snapshot
+of the whole variable would make every eager step O(size) for it).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ import tensorflow as tf
 
 from freezing import _keras_api as api
 from freezing import _masks
-from freezing._masks import FROZEN
+from freezing._masks import FROZEN, UNMASKED
 from freezing.selection import variable_path
 
 ELEMENTWISE = (
@@ -394,9 +396,7 @@ class WritePath:
         entry = self.guards.entry(variable)
         if entry is None:
             return self.plain(gradient, variable, learning_rate)
-        if not self.guards.lookup(variable)[0]:  # snapshot-and-select keeps the bits (every eager step)
-            if not _in_graph() and int(entry.mode()) == FROZEN:
-                return None  # nothing of a wholly frozen variable is updated
+        if not self.guards.lookup(variable)[0]:  # snapshot-and-select alone keeps the bits (RESTORE_IN_GRAPHS)
             return self.plain(gradient, variable, learning_rate)
         owned = [variable] + [slot for slot, _, _ in entry.slots]
 
@@ -407,6 +407,9 @@ class WritePath:
         def masked() -> None:
             self._masked(entry, gradient, variable, learning_rate)
 
+        if not _in_graph():
+            mode = int(entry.mode())
+            return {UNMASKED: plain, FROZEN: lambda: None}.get(mode, masked)()
         if api.in_xla() or _size(variable) < DISPATCH_ABOVE:
             return masked()  # XLA fuses the selects into the update; a conditional keeps it from fusing
         branches = [plain, lambda: None, masked]

@@ -571,18 +571,25 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         else:
             if self.policy == "reset" and in_graph:
                 reset_frozen_slots({k: e for k, e in entries.items() if k in in_graph}, self._initial)
-            self._guarded(entries, lambda: self.inner.apply(grads, variables), f"{type(self.inner).__name__}.apply")
+            sparse = {_keras_api.key(v) for g, v in zip(grads, variables) if isinstance(g, tf.IndexedSlices)}
+            self._guarded(entries, lambda: self.inner.apply(grads, variables), f"{type(self.inner).__name__}.apply",
+                          sparse)
         self._sparse.scatter()
 
-    def _guarded(self, entries: dict[int, Any], write: Any, who: str) -> None:
+    def _guarded(self, entries: dict[int, Any], write: Any, who: str, sparse: set[int] = frozenset()) -> None:
         """Run ``write`` (the inner optimizer's own code) so that no frozen entry of ``entries`` changes a bit.
 
         In a graph: the guarded write (``freezing._write_path``), then the trace-time check that every op it
-        added -- nested functions' too -- that writes a guarded variable went through the guard. Eagerly
-        (no trace to check): the snapshot-and-select construction (``freezing._restore``).
+        added -- nested functions' too -- that writes a guarded variable went through the guard. Eagerly (no
+        trace to check): the guarded write, and the snapshot-and-select construction (``freezing._restore``)
+        for every entry but those whose gradient (keys in ``sparse``) is an ``IndexedSlices``.
         """
-        if tf.executing_eagerly() or _write_path.RESTORE_IN_GRAPHS:
+        if _write_path.RESTORE_IN_GRAPHS and not tf.executing_eagerly():  # the bench's alternative construction
             with self._guards.active(entries, writes=False), restored(entries):
+                write()
+            return
+        if tf.executing_eagerly():
+            with self._guards.active(entries), restored({k: e for k, e in entries.items() if k not in sparse}):
                 write()
             return
         graph = _keras_api.default_graph()
