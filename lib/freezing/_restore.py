@@ -1,4 +1,5 @@
-"""The snapshot-and-select construction: Keras' own step, untouched, then every frozen bit selected back.
+"""How a step writes (``guarded``), and the snapshot-and-select construction: Keras' own step, then every
+frozen bit selected back.
 
 Before the inner optimizer's ``apply`` runs, the step reads the old value of every masked variable and of
 every optimizer variable that belongs to it (slots, EMA average, gradient accumulator, Adafactor's
@@ -18,13 +19,13 @@ steps, where there is no trace for the check to read: for every variable with a 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import tensorflow as tf
 
 from freezing import _keras_api as api
-from freezing import _masks
+from freezing import _masks, _write_path
 
 
 def _component(variable: Any) -> Any:
@@ -51,3 +52,28 @@ def restored(entries: dict[int, Any]) -> Iterator[None]:
             frozen = old if target.source is None else tf.cast(variable_old, old.dtype)
             now = component.read_value()
             type(component).assign(component, _masks.where(target.keep(), now, frozen, now), read_value=False)
+
+
+def guarded(guards: Any, entries: dict[int, Any], write: Callable[[], Any], who: str,
+            sparse: set[int] = frozenset()) -> None:
+    """Run ``write`` (the inner optimizer's own code) so that no frozen entry of ``entries`` changes a bit.
+
+    In a graph: the guarded write (``freezing._write_path``), then the trace-time check that every op it
+    added -- nested functions' too -- that writes a guarded variable went through ``guards``. Eagerly (no
+    trace to check): the guarded write, and the snapshot-and-select construction for every entry but those
+    whose gradient (keys in ``sparse``) is an ``IndexedSlices`` (a scatter stays a scatter).
+    """
+    if tf.executing_eagerly():
+        with guards.active(entries), restored({k: e for k, e in entries.items() if k not in sparse}):
+            write()
+        return
+    if _write_path.RESTORE_IN_GRAPHS:  # the alternative construction the bench measures
+        with guards.active(entries, writes=False), restored(entries):
+            write()
+        return
+    graph = api.default_graph()
+    start = len(graph.get_operations())
+    with guards.active(entries):
+        write()
+    variables = [v for e in entries.values() for v in [e.variable] + [s for s, _, _ in e.slots]]
+    _write_path.check_writes(graph, start, variables, guards.token, who)

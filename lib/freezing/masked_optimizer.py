@@ -68,9 +68,8 @@ from freezing._sparse_state import SparseState
 from freezing._saving import SavedState
 from freezing._surface import InnerSurface
 from freezing._wrappers import wrapper_chain
-from freezing import _write_path
-from freezing._restore import restored
-from freezing._write_path import ELEMENTWISE, Guards, WritePath, check_writes, entries_for, install, reset_frozen_slots
+from freezing._restore import guarded
+from freezing._write_path import ELEMENTWISE, Guards, WritePath, entries_for, install, reset_frozen_slots
 from freezing.selection import variable_path
 from freezing.slots import slot_initial_value, slots
 from freezing.validation import check_choice
@@ -577,27 +576,9 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         self._sparse.scatter()
 
     def _guarded(self, entries: dict[int, Any], write: Any, who: str, sparse: set[int] = frozenset()) -> None:
-        """Run ``write`` (the inner optimizer's own code) so that no frozen entry of ``entries`` changes a bit.
-
-        In a graph: the guarded write (``freezing._write_path``), then the trace-time check that every op it
-        added -- nested functions' too -- that writes a guarded variable went through the guard. Eagerly (no
-        trace to check): the guarded write, and the snapshot-and-select construction (``freezing._restore``)
-        for every entry but those whose gradient (keys in ``sparse``) is an ``IndexedSlices``.
-        """
-        if _write_path.RESTORE_IN_GRAPHS and not tf.executing_eagerly():  # the bench's alternative construction
-            with self._guards.active(entries, writes=False), restored(entries):
-                write()
-            return
-        if tf.executing_eagerly():
-            with self._guards.active(entries), restored({k: e for k, e in entries.items() if k not in sparse}):
-                write()
-            return
-        graph = _keras_api.default_graph()
-        start = len(graph.get_operations())
-        with self._guards.active(entries):
-            write()
-        guarded = [v for e in entries.values() for v in [e.variable] + [s for s, _, _ in e.slots]]
-        check_writes(graph, start, guarded, self._guards.token, who)
+        """Run ``write`` (the inner optimizer's own code) so that no frozen entry of ``entries`` changes a bit
+        (``freezing._restore.guarded``)."""
+        guarded(self._guards, entries, write, who, sparse)
 
 def _renamed(trainable_masks: Any, masks: Any) -> Any:
     if masks is None:
