@@ -18,6 +18,10 @@ run in interleaved rounds (the order rotates every round; one round = one ``fit`
 * ``unmasked`` -- ``MaskedOptimizer(Adam)`` with no mask at all: what wrapping costs by itself.
 * ``hold_adamw`` -- as ``hold`` with ``AdamW(weight_decay=0.004)``, against ``plain_adamw``: weight decay
   is a write outside ``update_step``, masked by the same guard.
+* ``hold_restore``, ``unmasked_restore``, ``hold_adamw_restore`` -- as ``hold``, ``unmasked`` and
+  ``hold_adamw`` with ``freezing._write_path.RESTORE_IN_GRAPHS``: the snapshot-and-select construction
+  (old values of every masked variable and its state read, Keras' own ``apply`` untouched, the frozen
+  bits selected back; ``freezing._restore``) instead of the guarded write (what the guarded write buys).
 * ``hold_unfused`` -- as ``hold`` with ``freezing._write_path.FUSE_ABOVE`` out of reach: every guarded
   write as TensorFlow's add, select and assign instead of one XLA-compiled pass (what fusing buys).
 * ``frozen_half_undispatched`` -- as ``frozen_half`` with ``DISPATCH_ABOVE`` out of reach: every
@@ -65,6 +69,8 @@ TARGETS = {  # (variant, reference): target for variant / reference (issues 15 a
 OUT_OF_REACH = 1 << 40
 SETTINGS = {  # variant -> freezing._write_path constants in force while it is traced
     "hold_unfused": {"FUSE_ABOVE": OUT_OF_REACH},
+    "hold_restore": {"RESTORE_IN_GRAPHS": True}, "unmasked_restore": {"RESTORE_IN_GRAPHS": True},
+    "hold_adamw_restore": {"RESTORE_IN_GRAPHS": True},
     "frozen_half_undispatched": {"DISPATCH_ABOVE": OUT_OF_REACH},
 }
 XLA_TARGET = 1.03  # every masked variant / plain under jit_compile=True
@@ -163,7 +169,7 @@ def _fc1_selection(model: keras.Model, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).random(shape) < 0.01
 
 
-VARIANTS = ("plain", "unmasked", "hold", "hold_unfused", "hold_one", "hold_adamw", "plain_adamw", "frozen_half",
+VARIANTS = ("plain", "unmasked", "unmasked_restore", "hold", "hold_restore", "hold_adamw_restore", "hold_unfused", "hold_one", "hold_adamw", "plain_adamw", "frozen_half",
             "frozen_half_undispatched", "untrainable", "recompiled_half", "mask_fn", "dense_fc1", "sparse_fc1")
 PROFILE_VARIANTS = ("mask_fn_uniform",)  # by name only: --variants
 
@@ -183,9 +189,9 @@ def make_variants(names: list[str], seed: int, jit: bool) -> dict:
                     model.get_layer(layer).trainable = False
         elif name in ("mask_fn", "mask_fn_uniform"):
             opt = MaskedOptimizer(adam, mask_fn=random_keep_uniform if name == "mask_fn_uniform" else random_keep)
-        elif name == "unmasked":
+        elif name in ("unmasked", "unmasked_restore"):
             opt = MaskedOptimizer(adam)
-        elif name in ("hold", "hold_one", "hold_adamw", "hold_unfused"):
+        elif name in ("hold", "hold_one", "hold_adamw", "hold_unfused", "hold_restore", "hold_adamw_restore"):
             opt = MaskedOptimizer(adam)
             callbacks.append(RandomMasks(opt, seed=seed + 1, only=ONE if name == "hold_one" else None))
         elif name == "recompiled_half":  # the same MaskedOptimizer, built on every variable, then trainable=False
@@ -220,10 +226,9 @@ def memory_report(variants: dict) -> dict:
     if "hold" in variants:
         opt, model = variants["hold"]["opt"], variants["hold"]["model"]
         masked = int(sum(int(np.prod(v.shape)) for v in model.trainable_variables if opt.get_mask(v) is not None))
-        n = len(model.trainable_variables)
-        out.update(hold_masked_entries=masked, hold_mask_bytes=opt.mask_bytes(),
-                   hold_mode_bytes=4 * n,
-                   hold_mask_bytes_per_masked_entry=(opt.mask_bytes() - 4 * n) / max(masked, 1),
+        unmasked = sum(1 for v in model.trainable_variables if opt.get_mask(v) is None)  # 1 B each
+        out.update(hold_masked_entries=masked, hold_mask_bytes=opt.mask_bytes(), hold_unmasked_bytes=unmasked,
+                   hold_mask_bytes_per_masked_entry=(opt.mask_bytes() - unmasked) / max(masked, 1),
                    inner_bytes_equal=_bytes(opt.inner.variables) == _bytes(plain["opt"].variables),
                    wrapper_own_base_bytes=_bytes(opt._variables))
     if "mask_fn" in variants:
@@ -253,7 +258,7 @@ def _met(ok: bool) -> str:
 
 def _reference(name: str) -> str:
     return {"frozen_half": "untrainable", "frozen_half_undispatched": "untrainable", "recompiled_half": "untrainable",
-            "sparse_fc1": "dense_fc1", "hold_adamw": "plain_adamw"}.get(name, "plain")
+            "sparse_fc1": "dense_fc1", "hold_adamw": "plain_adamw", "hold_adamw_restore": "plain_adamw"}.get(name, "plain")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -359,12 +364,12 @@ def main(argv: list[str] | None = None) -> dict:
 def _print_memory(m: dict) -> None:
     if "hold_mask_bytes" in m:
         print(f"  memory: hold mask_bytes() = {m['hold_mask_bytes']:,} B = {m['hold_mask_bytes_per_masked_entry']:.3f} B "
-              f"per masked entry ({m['hold_masked_entries']:,}) + {m['hold_mode_bytes']} B of modes  (target <= 1 B per "
+              f"per masked entry ({m['hold_masked_entries']:,}) + {m['hold_unmasked_bytes']} B of unmasked variables  (target <= 1 B per "
               f"masked entry): {_met(m['hold_mask_bytes_per_masked_entry'] <= 1)}; inner Adam bytes equal to plain: "
               f"{m['inner_bytes_equal']}; the wrapper's own base-class variables: {m['wrapper_own_base_bytes']} B")
     if "mask_fn_mask_bytes" in m:
         print(f"  memory: mask_fn only: mask_bytes() = {m['mask_fn_mask_bytes']} B in all "
-              f"({m['mask_fn_mask_variables']} scalar 'no mask' variables and their modes)")
+              f"({m['mask_fn_mask_variables']} scalar 'no mask' variables)")
     if "sparse_over_dense_fc1_bytes" in m:
         ratio = m["sparse_over_dense_fc1_bytes"]
         print(f"  memory: optimizer state for fc1 (1% trainable): dense hold {m['dense_fc1_optimizer_bytes_fc1']:,} B "

@@ -41,7 +41,7 @@ def _mirrored() -> dict:
 BENCHMARKS = {
     "masked_fit": lambda: bench_masked_fit.main(["--rounds", "7", "--epochs", "2", "--steps", "6"]),
     "masked_fit_xla": lambda: bench_masked_fit.main(["--jit", "--rounds", "5", "--epochs", "1", "--steps", "6",
-                                                     "--variants", "hold,hold_one,mask_fn,hold_adamw"]),
+                                                     "--variants", "hold,hold_one,mask_fn,hold_adamw,hold_restore,hold_adamw_restore"]),
     "masked_step": lambda: bench_masked_step.main(["--rounds", "7", "--steps", "10"]),
     "masked_step_xla": lambda: bench_masked_step.main(["--jit", "--rounds", "5", "--steps", "6"]),
     "masked_mirrored": _mirrored,
@@ -75,6 +75,14 @@ def _summary(results: dict) -> list[str]:
                   r["target"])
             ratio(label + " (CPU)", r["cpu_ratio_hold_over_plain"],
                   tuple(r["cpu_ratio_hold_over_plain_rounds_min_max"]), r["target"])
+    for key, label in (("masked_step", "custom loop: hold_restore / plain"),
+                       ("masked_step_xla", "custom loop XLA: hold_restore / plain")):
+        r = results.get(key, {})
+        if "ratio_hold_restore_over_plain" in r:
+            ratio(label + " (wall)", r["ratio_hold_restore_over_plain"],
+                  tuple(r["ratio_hold_restore_over_plain_rounds_min_max"]), None)
+            ratio(label + " (CPU)", r["cpu_ratio_hold_restore_over_plain"],
+                  tuple(r["cpu_ratio_hold_restore_over_plain_rounds_min_max"]), None)
     r = results.get("masked_mirrored", {})
     if "ratio_hold_over_plain" in r:
         for key, what in (("ratio_hold_over_plain", "wall"), ("cpu_ratio_hold_over_plain", "CPU")):
@@ -88,7 +96,7 @@ def _summary(results: dict) -> list[str]:
     m = results.get("masked_fit", {}).get("memory") or {}
     if "hold_mask_bytes_per_masked_entry" in m:
         lines.append(f"  memory, hold: {m['hold_mask_bytes_per_masked_entry']:.3f} B per masked entry + "
-                     f"{m['hold_mode_bytes']} B of modes (target <= 1 B per masked entry); mask_fn only: "
+                     f"{m['hold_unmasked_bytes']} B of unmasked variables (target <= 1 B per masked entry); mask_fn only: "
                      f"{m.get('mask_fn_mask_bytes')} B in all; inner optimizer bytes equal: {m['inner_bytes_equal']}")
     if "sparse_over_dense_fc1_bytes" in m:
         v = m["sparse_over_dense_fc1_bytes"]

@@ -7,7 +7,7 @@ One module per idea:
 * ``slots``            -- ``slots``, ``reset_slots``, ``stash_slots``/``restore_slots``: the seed's manual fix.
 * ``masked_optimizer`` -- ``MaskedOptimizer``: a Keras optimizer whose per-element masks any inner
                           optimizer honours exactly, in ``compile``/``fit``, custom loops and under
-                          ``tf.distribute``; its parts: ``_masks`` (masks and modes as state),
+                          ``tf.distribute``; its parts: ``_masks`` (masks as state, the path each implies),
                           ``_write_path`` (the guard: frozen bits only ever copied; the per-variable
                           paths; the trace-time check), ``_keras_api`` (every private Keras/TensorFlow
                           name, checked at build), ``_surface`` (the inner optimizer's options seen

@@ -44,7 +44,7 @@ def _strategy() -> Any:
     return tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
 
 
-def _name(strategy: Any) -> str:
+def _strategy_name(strategy: Any) -> str:
     return type(strategy).__name__
 
 
@@ -69,22 +69,22 @@ def check_build(wrapper: Any, leaves: list[Any]) -> None:
             option = "use_ema" if leaf.use_ema else "gradient_accumulation_steps"
             raise ValueError(
                 f"MaskedOptimizer (build): {option} on the inner optimizer is not supported under "
-                f"{_name(strategy)}: Keras 3 itself fails there (a merge_call inside a cond); drop {option}"
+                f"{_strategy_name(strategy)}: Keras 3 itself fails there (a merge_call inside a cond); drop {option}"
             )
         owner = strategy_of(leaf)
         if owner is not strategy:
             raise ValueError(
                 f"MaskedOptimizer (build): the inner optimizer {leaf.name!r} was created outside "
-                f"{_name(strategy)}.scope(); create it (and the MaskedOptimizer) inside the scope"
+                f"{_strategy_name(strategy)}.scope(); create it (and the MaskedOptimizer) inside the scope"
             )
 
 
 def _check_kind(strategy: Any, where: str) -> None:
-    if _name(strategy) not in SUPPORTED and not isinstance(
+    if _strategy_name(strategy) not in SUPPORTED and not isinstance(
             strategy, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy,
                        tf.distribute.OneDeviceStrategy)):
         raise ValueError(
-            f"MaskedOptimizer ({where}): {_name(strategy)} is not supported (Keras 3 has no fit for it, and "
+            f"MaskedOptimizer ({where}): {_strategy_name(strategy)} is not supported (Keras 3 has no fit for it, and "
             "its variable placement is not what the masked write is built for); supported: MirroredStrategy, "
             "MultiWorkerMirroredStrategy (custom loops), OneDeviceStrategy, the default strategy"
         )
@@ -94,5 +94,5 @@ def _check_options(wrapper: Any, strategy: Any, where: str) -> None:
     if isinstance(strategy, tf.distribute.OneDeviceStrategy):
         return
     if wrapper.state == "sparse":
-        raise ValueError(f"MaskedOptimizer ({where}): state='sparse' is not supported under {_name(strategy)}; "
+        raise ValueError(f"MaskedOptimizer ({where}): state='sparse' is not supported under {_strategy_name(strategy)}; "
                          "use state='dense'")

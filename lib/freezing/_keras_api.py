@@ -19,16 +19,36 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-# The private optimizer names relied on, with what each must be.
+METHOD, LIST, DICT, VARIABLE, STRATEGY, RATE = "a method", "a list", "a dict", "a variable", "a strategy", "a rate"
+"""What a private name must be: callable; a list or tuple; a dict; a variable (has ``assign`` and a dtype); a
+``tf.distribute`` strategy (has ``extended``) or None; a learning rate (a variable, or a callable schedule)."""
+
 OPTIMIZER_NAMES = {
-    "_var_key": "a method: variable -> stable key (TensorFlow: the distributed container's id)",
-    "_trainable_variables": "the list of variables the optimizer was built with",
-    "_trainable_variables_indices": "a dict: variable key -> index into that list",
-    "_use_weight_decay": "a method: variable -> whether weight decay applies to it",
-    "_distribution_strategy": "the tf.distribute strategy the optimizer was created under",
-    "_clip_gradients": "a method: gradients -> clipped gradients",
-    "_apply_weight_decay": "a method: variables -> None, decays them",
+    "_var_key": (METHOD, "variable -> stable key (TensorFlow: the distributed container's id)"),
+    "_trainable_variables": (LIST, "the variables the optimizer was built with"),
+    "_trainable_variables_indices": (DICT, "variable key -> index into that list"),
+    "_use_weight_decay": (METHOD, "variable -> whether weight decay applies to it"),
+    "_distribution_strategy": (STRATEGY, "the tf.distribute strategy the optimizer was created under"),
+    "_clip_gradients": (METHOD, "gradients -> clipped gradients (MaskedOptimizer forwards it)"),
+    "_apply_weight_decay": (METHOD, "variables -> None, decays them (MaskedOptimizer overrides it)"),
+    "_iterations": (VARIABLE, "the step counter (MaskedOptimizer forwards it)"),
+    "_learning_rate": (RATE, "the learning rate, shared by every variable"),
+    "_variables": (LIST, "every variable the optimizer owns"),
 }
+"""The private names of a built Keras optimizer relied on, with what each must be and why."""
+
+OPTION_NAMES = {
+    "use_ema": ("_model_variables_moving_average", "the EMA averages, one per built variable"),
+    "gradient_accumulation_steps": ("_accumulated_gradients", "the gradient accumulators, one per built variable"),
+}
+"""Per-variable lists a built optimizer has only with an option on: option -> (name, what it holds)."""
+
+CLIP_GRADIENTS, APPLY_WEIGHT_DECAY, ITERATIONS = "_clip_gradients", "_apply_weight_decay", "_iterations"
+"""The private names ``MaskedOptimizer`` itself defines (``freezing._surface``): Keras code calls them on
+``model.optimizer``, so the wrapper answers under Keras' names."""
+
+OPTIMIZER_MAP, FLATTEN_LAYERS, FUNCTIONS = "_optimizer_map", "_flatten_layers", "_functions"
+"""``MultiOptimizer``'s variable -> optimizer method, a model's every-layer method, a graph's functions by name."""
 
 
 def _tf_private() -> tuple[Any, Any, Any]:
@@ -39,8 +59,33 @@ def _tf_private() -> tuple[Any, Any, Any]:
     return distribute_lib, ops, control_flow_util
 
 
+def _is(value: Any, kind: str) -> bool:
+    if kind == METHOD:
+        return callable(value)
+    if kind == LIST:
+        return isinstance(value, (list, tuple))
+    if kind == DICT:
+        return isinstance(value, dict)
+    if kind == VARIABLE:
+        return hasattr(value, "assign") and hasattr(value, "dtype")
+    if kind == STRATEGY:
+        return value is None or hasattr(value, "extended")
+    return callable(value) or _is(value, VARIABLE)  # RATE
+
+
+def _refuse(versions: str, owner: str, name: str, what: str) -> RuntimeError:
+    return RuntimeError(
+        f"freezing: {versions}: {owner} {what}; this version of Keras or TensorFlow changed what MaskedOptimizer "
+        f"relies on ({name!r}). Use the Keras range freezing declares (pip show freezing) or report it."
+    )
+
+
 def check(optimizer: keras.optimizers.Optimizer) -> None:
-    """Raise one ``RuntimeError`` naming the Keras/TensorFlow version and the missing private name, if any.
+    """Raise one ``RuntimeError`` naming the versions and the private name that is missing or not what it must be.
+
+    Every private name in ``OPTIMIZER_NAMES`` (and ``OPTION_NAMES`` for the options that are on) is checked for
+    what it is -- a method, a list of one variable per built variable, a dict, a variable -- not only that it
+    exists, and so are the TensorFlow internals the write path reads.
 
     Args:
         optimizer: a built Keras optimizer (the one whose variables are read).
@@ -51,18 +96,27 @@ def check(optimizer: keras.optimizers.Optimizer) -> None:
     >>> opt = keras.optimizers.Adam(); opt.build([keras.Variable([1.0])]); check(opt)
     """
     versions = f"Keras {keras.__version__}, TensorFlow {tf.__version__}"
-    for name, what in OPTIMIZER_NAMES.items():
+    owner = type(optimizer).__name__
+    for name, (kind, what) in OPTIMIZER_NAMES.items():
         if not hasattr(optimizer, name):
-            raise RuntimeError(
-                f"freezing: {versions}: {type(optimizer).__name__} has no {name!r} ({what}); this version of "
-                "Keras changed what MaskedOptimizer relies on. Use the Keras range freezing declares "
-                "(pip show freezing) or report it."
-            )
+            raise _refuse(versions, owner, name, f"has no {name!r} ({kind}: {what})")
+        value = getattr(optimizer, name)
+        if not _is(value, kind):
+            raise _refuse(versions, owner, name, f"has {name!r} as {type(value).__name__}, not {kind} ({what})")
+    n = len(optimizer._trainable_variables)
+    for option, (name, what) in OPTION_NAMES.items():
+        if getattr(optimizer, option, None):
+            value = getattr(optimizer, name, None)
+            if not _is(value, LIST) or len(value) != n:
+                raise _refuse(versions, owner, name, f"with {option} has no {name!r} as a list of {n} ({what})")
     try:
         distribute_lib, ops, control_flow_util = _tf_private()
         for module, name in ((distribute_lib, "get_update_replica_id"), (ops, "get_default_graph"),
                              (control_flow_util, "GraphOrParentsInXlaContext")):
-            getattr(module, name)
+            if not callable(getattr(module, name)):
+                raise AttributeError(f"{module.__name__}.{name} is not a function")
+        if not isinstance(getattr(ops.Graph(), FUNCTIONS), dict):
+            raise AttributeError(f"tf.Graph.{FUNCTIONS} is not a dict")
     except (ImportError, AttributeError) as e:
         raise RuntimeError(f"freezing: {versions}: a TensorFlow internal MaskedOptimizer relies on is gone ({e})") from None
 
@@ -128,12 +182,12 @@ def uses_weight_decay(optimizer: Any, variable: Any) -> bool:
 
 def clip_gradients(optimizer: Any, grads: Sequence[Any]) -> Any:
     """The optimizer's own gradient clipping (``clipnorm``, ``global_clipnorm``, ``clipvalue``)."""
-    return optimizer._clip_gradients(grads)
+    return getattr(optimizer, CLIP_GRADIENTS)(grads)
 
 
 def apply_weight_decay(optimizer: Any, variables: Sequence[Any]) -> None:
     """The optimizer's own weight decay of ``variables`` (its rule: Muon has its own)."""
-    optimizer._apply_weight_decay(variables)
+    getattr(optimizer, APPLY_WEIGHT_DECAY)(variables)
 
 
 def strategy_of(optimizer: Any) -> Any:
@@ -208,12 +262,12 @@ def initial_accumulator(optimizer: Any, slot_name: str) -> float:
 
 def multi_optimizer_for(optimizer: Any, variable: Any) -> Any:
     """The optimizer of a ``keras.optimizers.MultiOptimizer`` that updates ``variable``."""
-    return optimizer._optimizer_map(variable)
+    return getattr(optimizer, OPTIMIZER_MAP)(variable)
 
 
 def flatten_layers(model: Any) -> list[Any]:
     """Every layer of a model, nested ones included."""
-    return list(model._flatten_layers())
+    return list(getattr(model, FLATTEN_LAYERS)())
 
 
 # -- graph and distribution context -------------------------------------------------------------------
@@ -235,6 +289,30 @@ def replica_id() -> int:
     context = tf.distribute.get_replica_context()
     rid = None if context is None else tf.get_static_value(context.replica_id_in_sync_group)
     return 0 if rid is None else int(rid)
+
+
+def called_graphs(op: Any) -> list[Any]:
+    """The graphs of the functions an op runs (``If``/``Case`` branches, ``While`` bodies, a nested
+    ``tf.function``), found by name in the op's graph or the graphs around it (``Graph._functions``)."""
+    names = []
+    for attr in ("then_branch", "else_branch", "branches", "body", "cond", "f"):
+        try:
+            value = op.get_attr(attr)
+        except ValueError:
+            continue
+        names += [v.name for v in value] if isinstance(value, list) else [getattr(value, "name", None)]
+    found = []
+    for name in names:
+        graph = op.graph
+        while graph is not None and name is not None:
+            function = getattr(graph, FUNCTIONS).get(name)
+            if function is not None:
+                inner = getattr(function, "graph", None)
+                if inner is not None:
+                    found.append(inner)
+                break
+            graph = getattr(graph, "outer_graph", None)
+    return found
 
 
 def default_graph() -> Any:

@@ -1,15 +1,18 @@
 """Masks as optimizer state: validation, storage, and the per-variable mode a mask implies.
 
 A stored mask is one boolean variable per trainable variable, scalar ``True`` ("no mask") until
-``set_mask`` stores one at its own (broadcastable) shape, next to one ``int32`` mode variable that
-says what the mask means for the step, decided on the host when the mask is stored:
+``set_mask`` stores one. The mask is the only record of what a variable's step does; its mode is
+read off it, never stored beside it (so no restored state can bring a mask and a mode that disagree):
 
-* ``UNMASKED`` (0) -- every entry trains: Keras' own update, nothing extra;
-* ``FROZEN`` (1)   -- no entry trains: no update at all, slots untouched;
-* ``ELEMENTS`` (2) -- some entries train: the masked update (``freezing._write_path``).
+* ``UNMASKED`` (0) -- a scalar ``True``: every entry trains: Keras' own update, nothing extra;
+* ``FROZEN`` (1)   -- a scalar ``False``: no entry trains: no update at all, slots untouched;
+* ``ELEMENTS`` (2) -- any mask that is not a scalar: the masked update (``freezing._write_path``),
+  whose selects give Keras' bits at every entry the mask trains, even where it trains all of them.
 
-A mask computed in the graph (``trainable_masks=`` in ``apply_gradients``, ``mask_fn``) gets its mode in the
-graph from two reductions over the mask (``reduce_all``/``reduce_any``).
+``set_mask`` (and every restore through the wrapper) stores a mask that trains every entry, or none,
+as the scalar, so the cheap paths are taken whenever they apply. A mask computed in the graph
+(``trainable_masks=`` in ``apply_gradients``, ``mask_fn``) gets its mode in the graph from two
+reductions over the mask (``reduce_all``/``reduce_any``).
 
 A stored mask's shape is dynamic, so a new mask never retraces the step; under XLA, which compiles for
 concrete shapes, each new combination of the stored masks' shapes compiles the step once
@@ -29,22 +32,53 @@ UNMASKED, FROZEN, ELEMENTS = 0, 1, 2
 
 
 class MaskStore(tf.Module):
-    """The mask variables (one per built variable, in build order), their modes and sparse selections (tracked for checkpoints)."""
+    """The mask variables (one per built variable, in build order) and sparse selections (tracked for checkpoints)."""
 
     def __init__(self) -> None:
         super().__init__(name="masks")
         self.keep: list[tf.Variable] = []
-        self.mode: tf.Variable | None = None  # one int32 vector: the mode of every built variable
         self.index: list[tf.Variable] = []  # the selections of variables with sparse state
 
 
 def host_mode(keep: np.ndarray, shape: tuple[int, ...]) -> int:
-    """The mode of a stored mask, decided on the host: see the module docstring."""
+    """What a host mask means for a variable of ``shape``: UNMASKED, FROZEN or ELEMENTS.
+
+    >>> host_mode(np.array([True, False]), (2,)), host_mode(np.array(True), (3, 4)), host_mode(np.zeros((1, 4), bool), (3, 4))
+    (2, 0, 1)
+    """
     trained = int(np.count_nonzero(keep)) * (int(np.prod(shape)) // max(keep.size, 1))
     size = int(np.prod(shape))
     if trained == size:
         return UNMASKED
     return FROZEN if trained == 0 else ELEMENTS
+
+
+def to_store(keep: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The value a mask variable stores for a checked host mask: the scalar for "every entry" or "none", else the mask.
+
+    >>> to_store(np.ones((2, 3), bool), (2, 3)).tolist(), to_store(np.array([True, False]), (2,)).tolist()
+    (True, [True, False])
+    """
+    mode = host_mode(keep, shape)
+    return np.asarray(mode == UNMASKED) if mode in (UNMASKED, FROZEN) else np.asarray(keep, bool)
+
+
+def stored_mode(stored: Any) -> Any:
+    """The mode of a stored mask variable, read off the mask: eagerly a Python int, in a graph an ``int32`` scalar.
+
+    In a graph the read is O(1): the rank and the first entry, never a reduction over the mask.
+
+    >>> stored_mode(tf.Variable(True, shape=tf.TensorShape(None))), stored_mode(tf.Variable([True, True]))
+    (0, 2)
+    """
+    keep = tf.convert_to_tensor(stored)
+    if tf.executing_eagerly():
+        if keep.shape.rank != 0:
+            return ELEMENTS
+        return UNMASKED if bool(keep.numpy()) else FROZEN
+    first = tf.reduce_all(tf.reshape(keep, [-1])[:1])  # the scalar's value (a mask with entries: unused)
+    scalar = tf.equal(tf.rank(keep), 0)
+    return tf.where(scalar, tf.where(first, UNMASKED, FROZEN), ELEMENTS)
 
 
 def graph_mode(keep: tf.Tensor) -> tf.Tensor:

@@ -3,7 +3,7 @@
 Keras code and callbacks read attributes straight off ``model.optimizer``: ``LearningRateScheduler``
 and ``ReduceLROnPlateau`` the learning rate, ``TensorBoard`` too, ``SwapEMAWeights`` ``use_ema`` and the
 averages, ``LossScaleOptimizer`` and ``MultiOptimizer`` ``loss_scale_factor``, Keras' own tests
-``_clip_gradients``, ``initial_scale`` and ``optimizers``. A wrapper that answered with its own defaults
+``_clip_gradients``, ``initial_scale`` and ``optimizers`` (the private names are those of ``freezing._keras_api``). A wrapper that answered with its own defaults
 would silently switch those features off, so, as in Keras' ``LossScaleOptimizer``, every option of the
 inner optimizer is read and written through, and any other attribute the wrapper does not have is
 looked up on the inner optimizer. Keras' per-variable ``update_step`` and its weight decay, called on the
@@ -16,12 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from freezing import _keras_api
-from freezing._write_path import REGISTRY
 
 FORWARDED = {
     "use_ema": False, "ema_momentum": 0.99, "ema_overwrite_frequency": None, "clipnorm": None,
     "global_clipnorm": None, "clipvalue": None, "weight_decay": None, "gradient_accumulation_steps": None,
-    "loss_scale_factor": None, "_iterations": None,
+    "loss_scale_factor": None, _keras_api.ITERATIONS: None,
 }
 """The inner optimizer's options a wrapper reads and writes through, with Keras' defaults (what the
 wrapper answers while it is being constructed and while Keras builds its own, unused, state). The step
@@ -93,7 +92,14 @@ class InnerSurface:
         """
         return self.inner.scale_loss(loss)
 
-    def _clip_gradients(self, grads: Sequence[Any]) -> Any:
+    def _clip_through(self, grads: Sequence[Any]) -> Any:
+        """The inner optimizer's gradient clipping (what Keras calls as ``_clip_gradients`` on the wrapper).
+
+        >>> import keras, numpy as np; from freezing import MaskedOptimizer
+        >>> opt = MaskedOptimizer(keras.optimizers.SGD(clipvalue=0.5))
+        >>> [g.numpy().tolist() for g in opt._clip_through([np.float32([2.0, -0.1])])]
+        [[0.5, -0.10000000149011612]]
+        """
         return _keras_api.clip_gradients(self.inner, grads)
 
     def exclude_from_weight_decay(self, var_list: Sequence[Any] | None = None,
@@ -127,15 +133,24 @@ class InnerSurface:
         """
         leaf = next((o for o in self._leaves() if _keras_api.knows(o, variable)), self._leaves()[0])
         entries, _ = self._entries([variable], None, mask_fn=False)
-        with REGISTRY.active(entries):
-            leaf.update_step(gradient, variable, learning_rate)
+        self._guarded(entries, lambda: leaf.update_step(gradient, variable, learning_rate), "update_step")
 
-    def _apply_weight_decay(self, variables: Sequence[Any]) -> None:
-        """The inner optimizers' weight decay (their own rule: Muon's too), with the stored masks in force."""
+    def _decay_through(self, variables: Sequence[Any]) -> None:
+        """The inner optimizers' weight decay (their own rule: Muon's too), with the stored masks in force (what
+        Keras calls as ``_apply_weight_decay`` on the wrapper).
+
+        >>> import keras, numpy as np; from freezing import MaskedOptimizer
+        >>> w = keras.Variable([1.0, 1.0], name="w"); opt = MaskedOptimizer(keras.optimizers.AdamW(1.0, weight_decay=0.5))
+        >>> opt.build([w]); opt.set_mask(w, [True, False]); opt._decay_through([w]); w.numpy().tolist()
+        [0.5, 1.0]
+        """
         entries, _ = self._entries(list(variables), None, mask_fn=False)
-        with REGISTRY.active(entries):
+
+        def decay() -> None:
             for leaf in self._leaves():
                 _keras_api.apply_weight_decay(leaf, [v for v in variables if _keras_api.knows(leaf, v)] if leaf.built else variables)
+
+        self._guarded(entries, decay, "weight decay")
 
     def _leaves(self) -> list[Any]:  # pragma: no cover - defined by the wrapper
         raise NotImplementedError
@@ -143,6 +158,11 @@ class InnerSurface:
     def _entries(self, variables: list[Any], masks: Any, mask_fn: bool = True) -> tuple[dict, dict]:  # pragma: no cover
         raise NotImplementedError
 
+    def _guarded(self, entries: dict, write: Any, who: str) -> None:  # pragma: no cover - defined by the wrapper
+        raise NotImplementedError
+
 
 for _name, _default in FORWARDED.items():
     setattr(InnerSurface, _name, _forward(_name, _default))
+setattr(InnerSurface, _keras_api.CLIP_GRADIENTS, InnerSurface._clip_through)  # Keras' private names
+setattr(InnerSurface, _keras_api.APPLY_WEIGHT_DECAY, InnerSurface._decay_through)

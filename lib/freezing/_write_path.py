@@ -17,31 +17,42 @@ frozen entry, whose frozen branch copies the frozen *weight* (so swapping EMA we
 **Where.** The guard sits on the variables, not on Keras' code paths: at ``build`` every
 ``tf.Variable`` behind a model variable and its optimizer state (one per replica under a strategy)
 gets instance attributes that shadow its public write methods (``assign``, ``assign_add``,
-``scatter_add``, ...). Outside a ``MaskedOptimizer`` step they call TensorFlow's own method. During a
-step they mask whatever writes them -- ``update_step``, weight decay, constraints, EMA, gradient
-accumulation, ``overwrite_with_gradient``, an optimizer this library has never seen -- with no copy
-of Keras' formulas.
+``scatter_add``, ...), and knows which ``MaskedOptimizer`` s guard it (weak references to their
+``Guards``). Outside a step of one of them they call TensorFlow's own method. During a step they mask
+whatever writes them -- ``update_step``, weight decay, constraints, EMA, gradient accumulation,
+``overwrite_with_gradient``, an optimizer this library has never seen -- with no copy of Keras'
+formulas. There is no process-wide table: a write finds the step in progress through the variable it
+writes, so steps of two models in two threads, or several wrappers in one traced step, never meet.
 
 **Per-variable paths**, chosen in one function, ``WritePath.update_step`` (a shadow of the inner
 optimizer's public ``update_step``): no mask -> Keras' own ``update_step`` with the guard off; wholly
 frozen -> no update at all; some entries frozen -> the masked update. In a graph the choice is one
-``switch_case`` on the mode, so a changed mask never retraces; under XLA, and for variables under
-``DISPATCH_ABOVE`` entries, every variable takes the masked update (its selects with an all-True mask
-give Keras' bits). An optimizer whose update of one entry reads other entries' state (Lamb, Adafactor,
-Muon, anything not in ``ELEMENTWISE``) updates its slots as Keras would and has their frozen entries
-copied back after ``update_step``, so a held slot cannot change how Keras computes the trainable
-entries (a held zero velocity would turn Adafactor's update into NaN).
+``switch_case`` on the mode read off the mask (``freezing._masks``), so a changed mask never retraces;
+under XLA, and for variables under ``DISPATCH_ABOVE`` entries, every variable takes the masked update
+(its selects with an all-True mask give Keras' bits). An optimizer whose update of one entry reads
+other entries' state (Lamb, Adafactor, Muon, anything not in ``ELEMENTWISE``) updates its slots as
+Keras would and has their frozen entries copied back after ``update_step``, so a held slot cannot
+change how Keras computes the trainable entries (a held zero velocity would turn Adafactor's update
+into NaN).
 
-**The check.** When the masked update is traced, every resource write the inner optimizer's
-``update_step`` put in the graph is inspected: a write to a guarded variable that the guard did not
-make raises ``RuntimeError`` at trace time, so a Keras release that reroutes its writes fails loudly
-instead of moving frozen entries.
+**The check.** When a step is traced, every op the inner optimizer's ``apply`` (or weight decay, or
+``finalize_variable_values``) added to the graph is inspected, and so are the graphs of the functions
+those ops run (``cond`` branches, loop bodies, nested ``tf.function`` s): a write to a guarded variable
+that its owner's guard did not make (its ops carry the owner's random name scope, ``Guards.token``)
+raises ``RuntimeError`` at trace time, whatever method, op or name made it, so a Keras release that
+reroutes its writes fails loudly instead of moving frozen entries. An eager step leaves no trace to
+inspect: under the same guard, it also runs the snapshot-and-select construction (``freezing._restore``)
+for every variable whose gradient is dense, which keeps the frozen bits whatever writes them. A variable
+with an ``IndexedSlices`` gradient is left to the guard alone, so its update stays a scatter (a snapshot
+of the whole variable would make every eager step O(size) for it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import uuid
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -70,7 +81,12 @@ WRITE_METHODS = (
 """The public write methods of ``tf.Variable`` the guard shadows."""
 
 GUARD_SCOPE = "freezing_guard"
-"""Name scope of the guard's own writes (how the trace-time check tells them from Keras')."""
+"""Prefix of the name scope of an owner's own writes in a graph; each ``Guards`` adds a random suffix (its
+token), so the trace-time check tells its writes from any other op, whatever that op is named."""
+
+RESTORE_IN_GRAPHS = False
+"""Use the snapshot-and-select construction (``freezing._restore``) in graphs too, not only in eager steps
+(the ``*_restore`` rows of ``make bench``: what the guarded write buys over it)."""
 
 DISPATCH_ABOVE = 1 << 14
 """In a graph, a variable with fewer entries than this always takes the masked update: the per-variable
@@ -104,59 +120,87 @@ class Target:
 class Entry:
     """One model variable in one step: its mode, its own target and its optimizer variables' targets."""
 
-    __slots__ = ("mode", "target", "slots")
+    __slots__ = ("variable", "mode", "target", "slots")
 
-    def __init__(self, mode: Callable[[], Any], target: Target, slots: list[tuple[Any, Target, bool]]):
-        self.mode, self.target = mode, target
+    def __init__(self, variable: Any, mode: Callable[[], Any], target: Target, slots: list[tuple[Any, Target, bool]]):
+        self.variable, self.mode, self.target = variable, mode, target
         self.slots = slots  # (optimizer variable, its target, whether update_step updates it)
 
 
-class Registry:
-    """The guarded variables of the steps in progress, per replica (thread-safe; one per process)."""
+class Guards:
+    """The guarded variables of one ``MaskedOptimizer``'s steps in progress, per replica.
+
+    Each wrapper owns one; each guarded ``tf.Variable`` knows the wrappers that guard it (weak
+    references), so a write finds its guard through the variable it writes and the step in progress
+    of *its* owner, never through a process-wide table: two models stepping at the same time in two
+    threads, or several wrappers in one traced step, never see each other's entries. Within one
+    owner the entries are per replica (under ``MirroredStrategy`` a replica's update runs in the
+    thread of its ``merge_call``, not the replica's), and a step entered inside another step of the
+    same owner stacks on it.
+    """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._targets: dict[Any, dict[int, Target]] = {}
-        self._entries: dict[Any, dict[int, Entry]] = {}
+        self._mutex = threading.Lock()
+        self._frames: dict[Any, list[tuple[int, dict[int, Target], dict[int, Entry]]]] = {}
         self._local = threading.local()
+        self.token = f"{GUARD_SCOPE}_{uuid.uuid4().hex[:12]}"  # the name scope of this owner's writes
 
-    def _find(self, table: dict[Any, dict[int, Any]], k: int) -> Any:
-        if not table:
+    def _find(self, k: int, which: int) -> Any:
+        frames = self._frames
+        if not frames:
             return None
-        mine = table.get(api.replica_id())
-        if mine is not None and k in mine:
-            return mine[k]
-        for other in list(table.values()):  # a write issued for another replica id: masks are the same
-            if k in other:
-                return other[k]
+        mine = frames.get(api.replica_id())
+        for stack in ([mine] if mine else []) + list(frames.values()):  # another replica id: masks are the same
+            for frame in reversed(stack):
+                found = frame[which].get(k)
+                if found is not None:
+                    return found
         return None
 
     @contextlib.contextmanager
-    def active(self, entries: dict[int, Entry]) -> Iterator[None]:
-        """Guard the entries' variables for the duration of the block (one replica's step)."""
-        rid = api.replica_id()
+    def active(self, entries: dict[int, Entry], writes: bool = True) -> Iterator[None]:
+        """Guard the entries' variables for the duration of the block (one replica's step of this owner).
+
+        With ``writes=False`` only the per-variable dispatch is in force (a wholly frozen variable skips
+        ``update_step``); the writes themselves are left to ``freezing._restore``.
+
+        Raises:
+            RuntimeError: a step of the same owner and replica is in progress in another thread.
+        """
+        rid, thread = api.replica_id(), threading.get_ident()
         targets = {}
-        for k, entry in entries.items():
+        for k, entry in (entries if writes else {}).items():
             targets[k] = entry.target
             for slot, target, _ in entry.slots:
                 targets[api.key(slot)] = target
-        with self._lock:
-            self._targets[rid], self._entries[rid] = targets, entries
+        frame = (thread, targets, entries)
+        with self._mutex:
+            stack = self._frames.setdefault(rid, [])
+            if any(t != thread for t, _, _ in stack):
+                raise RuntimeError(
+                    "MaskedOptimizer: this optimizer is already applying a step in another thread; one optimizer "
+                    "steps one model at a time (give each model, or each thread, its own MaskedOptimizer)"
+                )
+            stack.append(frame)
         try:
             yield
         finally:
-            with self._lock:
-                self._targets.pop(rid, None)
-                self._entries.pop(rid, None)
+            with self._mutex:
+                stack = self._frames.get(rid, [])
+                stack[:] = [f for f in stack if f is not frame]
+                if not stack:
+                    self._frames.pop(rid, None)
 
-    def target(self, variable: Any) -> Target | None:
+    def lookup(self, variable: Any) -> tuple[bool, Target | None]:
+        """Whether a step of this owner guards ``variable`` now, and its target (None: write it unmasked)."""
         k = api.key(variable)
-        if k in getattr(self._local, "passthrough", ()):
-            return None
-        return self._find(self._targets, k)
+        target = self._find(k, 1)
+        if target is None:
+            return False, None
+        return True, (None if k in getattr(self._local, "passthrough", ()) else target)
 
     def entry(self, variable: Any) -> Entry | None:
-        return self._find(self._entries, api.key(variable))
+        return self._find(api.key(variable), 2)
 
     @contextlib.contextmanager
     def passthrough(self, variables: Sequence[Any]) -> Iterator[None]:
@@ -169,25 +213,34 @@ class Registry:
             self._local.passthrough = before
 
 
-REGISTRY = Registry()
-
-
 # -- the guard on one tf.Variable -------------------------------------------------------------------
 class _Guard:
     """The shadow of one write method of one ``tf.Variable``."""
 
-    __slots__ = ("variable", "method", "plain", "fused")
+    __slots__ = ("variable", "method", "plain", "fused", "owners")
 
-    def __init__(self, variable: Any, method: str, fused: dict[Any, Any]):
+    def __init__(self, variable: Any, method: str, fused: dict[Any, Any], owners: list[Any]):
         self.variable, self.method = variable, method
         self.plain = getattr(type(variable), method)
         self.fused = fused  # shared by a variable's guards: the XLA-compiled writes
+        self.owners = owners  # shared by a variable's guards: weak references to the Guards that guard it
+
+    def _owner(self) -> tuple[Guards | None, Target | None]:
+        for ref in self.owners:
+            guards = ref()
+            if guards is not None:
+                guarded, target = guards.lookup(self.variable)
+                if guarded:
+                    return guards, target
+        return None, None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        target = REGISTRY.target(self.variable)
-        if target is None:
+        guards, target = self._owner()
+        if guards is None:
             return self.plain(self.variable, *args, **kwargs)
-        with tf.name_scope(GUARD_SCOPE):
+        with tf.name_scope(guards.token):  # in a graph: how the step's check knows this write went through here
+            if target is None:  # unmasked on purpose: Keras' own update of an unmasked variable, or a copy-back
+                return self.plain(self.variable, *args, **kwargs)
             if self.method in ("assign", "assign_add", "assign_sub"):
                 return self._dense(target, *args, **kwargs)
             return self._scatter(target, *args, **kwargs)
@@ -201,7 +254,7 @@ class _Guard:
         var = self.variable
         if isinstance(value, tf.IndexedSlices):  # not a dense write: scatter it like Keras' TF optimizer does
             method = {"assign": "scatter_update", "assign_add": "scatter_add", "assign_sub": "scatter_sub"}[self.method]
-            return _Guard(var, method, self.fused)._scatter(target, value)
+            return _Guard(var, method, self.fused, self.owners)._scatter(target, value)
         value = tf.convert_to_tensor(value, dtype=var.dtype)
         keep = target.keep()
         if target.source is None and _in_graph() and not api.in_xla() and _size(var) >= FUSE_ABOVE:
@@ -253,19 +306,31 @@ class _Guard:
         return result
 
 
-def install(variable: Any) -> None:
-    """Shadow the write methods of every ``tf.Variable`` behind ``variable`` (idempotent)."""
+def install(variable: Any, guards: Guards) -> None:
+    """Shadow the write methods of every ``tf.Variable`` behind ``variable``, guarded by ``guards`` (idempotent;
+    a variable several wrappers guard knows each of them)."""
     for component in api.components(variable):
-        if getattr(component, "_freezing_guarded", False):
+        existing = component.__dict__.get("assign")
+        if isinstance(existing, _Guard):
+            owners = existing.owners
+            owners[:] = [ref for ref in owners if ref() is not None]
+            if not any(ref() is guards for ref in owners):
+                owners.append(weakref.ref(guards))
             continue
         fused: dict[Any, Any] = {}
+        owners = [weakref.ref(guards)]
         for method in WRITE_METHODS:
             if hasattr(type(component), method):
-                object.__setattr__(component, method, _Guard(component, method, fused))
-        object.__setattr__(component, "_freezing_guarded", True)
+                object.__setattr__(component, method, _Guard(component, method, fused, owners))
 
 
 # -- the trace-time check -------------------------------------------------------------------------
+CALLS = ("If", "StatelessIf", "Case", "StatelessCase", "While", "StatelessWhile", "PartitionedCall",
+         "StatefulPartitionedCall")
+"""Op types that run functions of their own (branches, loop bodies, nested ``tf.function`` s): the check
+reads their graphs too."""
+
+
 def _is_write(op: Any) -> bool:
     return op.type.startswith(("Assign", "ResourceScatter", "ResourceApply", "ResourceSparseApply",
                                "ResourceStridedSliceAssign"))
@@ -289,41 +354,54 @@ def _handles(graph: Any, variables: Sequence[Any]) -> dict[int, str]:
     return found
 
 
-def check_writes(graph: Any, start: int, guarded: Sequence[Any], who: str) -> None:
-    """Raise if an op created since ``start`` writes a guarded variable without going through the guard."""
-    ops = graph.get_operations()[start:]
-    writes = [op for op in ops if _is_write(op) and GUARD_SCOPE not in op.name]
-    if not writes:
-        return
-    handles = _handles(graph, guarded)
-    for op in writes:
-        path = handles.get(id(op.inputs[0])) if op.inputs else None
-        if path is not None:
-            raise RuntimeError(
-                f"MaskedOptimizer: {who} wrote {path!r} with {op.type} outside the masked write; frozen entries "
-                f"would move. Keras {keras.__version__} updates variables in a way this version of freezing does "
-                "not guard: use a Keras in the range freezing declares, or report it."
-            )
+def _check_ops(ops: Sequence[Any], handles: dict[int, str], token: str, who: str) -> None:
+    for op in ops:
+        if token in op.name:  # the owner's own write, or a function it made (the fused write)
+            continue
+        if _is_write(op):
+            path = handles.get(id(op.inputs[0])) if op.inputs else None
+            if path is not None:
+                raise RuntimeError(
+                    f"MaskedOptimizer: {who} wrote {path!r} with {op.type} (op {op.name!r}) outside the masked "
+                    f"write; frozen entries would move. Keras {keras.__version__} updates variables in a way this "
+                    "version of freezing does not guard: use a Keras in the range freezing declares, or report it."
+                )
+        if op.type in CALLS:
+            for inner in api.called_graphs(op):
+                mapped = {id(i): handles[id(e)] for e, i in getattr(inner, "captures", ()) if id(e) in handles}
+                for outer_input, inner_input in zip(op.inputs[1 if op.type.endswith(("If", "Case")) else 0:], inner.inputs):
+                    if id(outer_input) in handles:
+                        mapped[id(inner_input)] = handles[id(outer_input)]
+                if mapped:
+                    _check_ops(inner.get_operations(), mapped, token, who)
+
+
+def check_writes(graph: Any, start: int, guarded: Sequence[Any], token: str, who: str) -> None:
+    """Raise if an op created since ``start`` -- in ``graph`` or in any function it calls (branches, loop
+    bodies, nested ``tf.function`` s) -- writes a guarded variable and is not the owner's own write."""
+    _check_ops(graph.get_operations()[start:], _handles(graph, guarded), token, who)
 
 
 # -- the per-variable update ------------------------------------------------------------------------
 class WritePath:
     """The shadow of one leaf optimizer's ``update_step``: the mode dispatch, the masked update and its check."""
 
-    def __init__(self, leaf: keras.optimizers.Optimizer):
-        self.leaf = leaf
+    def __init__(self, leaf: keras.optimizers.Optimizer, guards: Guards):
+        self.leaf, self.guards = leaf, guards
         self.plain = type(leaf).update_step.__get__(leaf)  # Keras' own, even if another wrapper installed a path
         self.elementwise = isinstance(leaf, ELEMENTWISE)
         object.__setattr__(leaf, "update_step", self.update_step)
 
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> Any:
-        entry = REGISTRY.entry(variable)
+        entry = self.guards.entry(variable)
         if entry is None:
+            return self.plain(gradient, variable, learning_rate)
+        if not self.guards.lookup(variable)[0]:  # snapshot-and-select alone keeps the bits (RESTORE_IN_GRAPHS)
             return self.plain(gradient, variable, learning_rate)
         owned = [variable] + [slot for slot, _, _ in entry.slots]
 
         def plain() -> None:
-            with REGISTRY.passthrough(owned):
+            with self.guards.passthrough(owned):
                 self.plain(gradient, variable, learning_rate)
 
         def masked() -> None:
@@ -349,16 +427,10 @@ class WritePath:
     def _masked(self, entry: Entry, gradient: Any, variable: Any, learning_rate: Any) -> None:
         deferred = [] if self.elementwise else [(s, t) for s, t, updated in entry.slots if updated]
         before = [tf.identity(tf.convert_to_tensor(s)) for s, _ in deferred]
-        graph = api.default_graph() if _in_graph() else None
-        start = len(graph.get_operations()) if graph is not None else 0
-        with REGISTRY.passthrough([s for s, _ in deferred]):
+        with self.guards.passthrough([s for s, _ in deferred]):
             self.plain(gradient, variable, learning_rate)
-        if graph is not None:
-            copied_back = {id(s) for s, _ in deferred}  # written as Keras writes them, then restored below
-            check_writes(graph, start, [variable] + [s for s, _, _ in entry.slots if id(s) not in copied_back],
-                         f"{type(self.leaf).__name__}.update_step")
         for (slot, target), old in zip(deferred, before):  # the slots Keras updated, frozen entries copied back
-            with REGISTRY.passthrough([slot]), tf.name_scope(GUARD_SCOPE):
+            with self.guards.passthrough([slot]):
                 now = tf.convert_to_tensor(slot)
                 slot.assign(_masks.where(target.keep(), now, old, now))
 
@@ -387,7 +459,7 @@ def entries_for(leaves: Sequence[Any], variables: Sequence[Any], keeps: dict[int
                 target = Target(_slot_keep(keep, v, slot, api.factor_axis(leaf, attr)), variable_path(slot),
                                 source=v if is_average else None)
                 slots.append((slot, target, attr not in api.OUTSIDE_UPDATE_STEP))
-        entries[k] = Entry(modes[k], Target(keep, variable_path(v)), slots)
+        entries[k] = Entry(v, modes[k], Target(keep, variable_path(v)), slots)
     return entries
 
 

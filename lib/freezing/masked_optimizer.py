@@ -21,13 +21,14 @@ What is held, per policy:
 
 Masks are optimizer state: one boolean variable per trainable variable, scalar ``True`` ("no mask",
 1 byte) until ``set_mask`` stores a mask (1 byte per stored entry; a mask broadcastable to the
-variable, such as one per output column, is stored at its own shape), and 4 bytes per variable
-for its mode (``int32``: the smallest integer tf.distribute's collectives broadcast). The graph reads
-these variables, so a mask changed between batches or epochs takes effect on the next step with no
-``compile()`` and no retracing, and masks save with the model and restore from a checkpoint. Under XLA
-(``jit_compile=True``) the step is compiled once per combination of the stored masks' shapes: a mask that
-takes a shape the step has not run with (no mask or wholly frozen: a scalar; partly frozen: the mask's own
-shape) makes the next step compile once more; a mask of a shape already seen compiles nothing.
+variable, such as one per output column, is stored at its own shape; a wholly frozen variable is
+scalar ``False``). Which path a variable's step takes is read off its mask, never stored beside it
+(``freezing._masks``). The graph reads these variables, so a mask changed between batches or epochs
+takes effect on the next step with no ``compile()`` and no retracing, and masks save with the model and
+restore from a checkpoint. Under XLA (``jit_compile=True``) the step is compiled once per combination of
+the stored masks' shapes: a mask that takes a shape the step has not run with (no mask or wholly frozen:
+a scalar; partly frozen: the mask's own shape) makes the next step compile once more; a mask of a shape
+already seen compiles nothing.
 
 Edge cases, decided:
 
@@ -73,7 +74,8 @@ from freezing._sparse_state import SparseState
 from freezing._saving import SavedState
 from freezing._surface import InnerSurface
 from freezing._wrappers import wrapper_chain
-from freezing._write_path import ELEMENTWISE, REGISTRY, WritePath, entries_for, install, reset_frozen_slots
+from freezing._restore import guarded
+from freezing._write_path import ELEMENTWISE, Guards, WritePath, entries_for, install, reset_frozen_slots
 from freezing.selection import variable_path
 from freezing.slots import slot_initial_value, slots
 
@@ -198,6 +200,7 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         object.__setattr__(self, "_pending", {})  # masks set before build, by path
         object.__setattr__(self, "_mask_index", {})  # variable key -> index into the mask store
         object.__setattr__(self, "_paths", [])  # one WritePath per writing optimizer
+        object.__setattr__(self, "_guards", Guards())  # this optimizer's steps in progress: what its variables' guards read
         object.__setattr__(self, "_sparse", SparseState(self, sparse_sizes or []))
         self._masks = _masks.MaskStore()  # tracked by TF: the masks save with checkpoints
 
@@ -206,17 +209,16 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
 
     @property
     def variables(self) -> list[Any]:
-        """The inner optimizer's variables, one mask per built variable, their modes, then any sparse state.
+        """The inner optimizer's variables, one mask per built variable, then any sparse state.
 
         Returns:
             A new list of variables (what ``.keras`` saving stores and ``set_weights`` writes).
 
         >>> w = keras.Variable([1.0, 2.0], name="w"); opt = MaskedOptimizer("adam"); opt.build([w])
-        >>> len(opt.variables)  # iterations, learning rate, m, v, the mask of w, the modes
-        6
+        >>> len(opt.variables)  # iterations, learning rate, m, v, the mask of w
+        5
         """
-        modes = [] if self._masks.mode is None else [self._masks.mode]
-        return list(self.inner.variables) + list(self._masks.keep) + modes + self._sparse.variables()
+        return list(self.inner.variables) + list(self._masks.keep) + self._sparse.variables()
 
     def finalize_variable_values(self, var_list: Sequence[Any]) -> None:
         """Forward to the inner optimizer with every mask in force (with ``use_ema``, ``fit`` ends by
@@ -232,8 +234,8 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         if not self.built:
             return self.inner.finalize_variable_values(var_list)
         entries, _ = self._entries(_keras_api.trainable_variables(self), None, mask_fn=False)
-        with REGISTRY.active(entries):
-            self.inner.finalize_variable_values(self._sparse.inner_variables(var_list))
+        self._guarded(entries, lambda: self.inner.finalize_variable_values(self._sparse.inner_variables(var_list)),
+                      "finalize_variable_values")
         if any(leaf.use_ema for leaf in self._leaves()):
             self._sparse.scatter(everything=True)  # sparse state: the averages went into the scratch values
 
@@ -274,7 +276,6 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         with tf.init_scope():
             keeps = [tf.Variable(True, shape=tf.TensorShape(None), dtype=tf.bool, trainable=False, name=f"keep_{i}")
                      for i in range(len(var_list))]
-            modes = tf.Variable(np.zeros(len(var_list), np.int32), dtype=tf.int32, trainable=False, name="modes")
             inner_vars = self._sparse.build(var_list, pending)
         if not self.inner.built:
             self.inner.build(inner_vars)
@@ -285,16 +286,15 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
             for i, v in enumerate(var_list):
                 self._mask_index[_keras_api.key(v)] = i
             self._masks.keep.extend(keeps)
-            self._masks.mode = modes
             for v in inner_vars:
-                install(v)
+                install(v, self._guards)
             for leaf in leaves:
                 for v in inner_vars:
                     if _keras_api.knows(leaf, v):
                         for values in _keras_api.per_variable_lists(leaf).values():
                             if values[_keras_api.index(leaf, v)] is not None:
-                                install(values[_keras_api.index(leaf, v)])
-                self._paths.append(WritePath(leaf))
+                                install(values[_keras_api.index(leaf, v)], self._guards)
+                self._paths.append(WritePath(leaf, self._guards))
         object.__setattr__(self, "_own_defaults", True)  # Keras' own build must not create EMA/accumulators
         try:
             super().build(var_list)
@@ -376,13 +376,9 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         index = self._mask_index[_keras_api.key(variable)]
         if self._sparse.check_set(variable, keep):
             return  # the same fixed selection: stored as the sparse state's index
-        mode = _masks.host_mode(keep, tuple(variable.shape))
-        stored = keep if mode not in (_masks.UNMASKED, _masks.FROZEN) else np.asarray(mode == _masks.UNMASKED)
-        modes = self._masks.mode.numpy()
-        modes[index] = mode
+        stored = _masks.to_store(keep, tuple(variable.shape))
         self._masks.keep[index].assign(stored)
-        self._masks.mode.assign(modes)
-        if reset and mode != _masks.UNMASKED:
+        if reset and not (stored.ndim == 0 and bool(stored)):
             self._reset_slots(variable, stored)
 
     def _reset_slots(self, variable: Any, keep: np.ndarray) -> None:
@@ -448,18 +444,18 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         self.set_mask(variable, True)
 
     def mask_bytes(self) -> int:
-        """Bytes the stored masks take: 1 per stored entry, 1 per variable without a mask, 4 per variable's mode.
+        """Bytes the stored masks take: 1 per stored entry, 1 per variable without a mask (or wholly frozen).
 
         Returns:
-            The total size of the mask and mode variables, in bytes.
+            The total size of the mask variables, in bytes.
 
         >>> v = keras.Variable(np.zeros((4, 5)), name="w")
         >>> opt = MaskedOptimizer("adam"); opt.build([v]); opt.mask_bytes()
-        5
+        1
         >>> opt.set_mask(v, np.random.default_rng(0).random((4, 5)) < 0.5); opt.mask_bytes()
-        24
+        20
         """
-        return int(sum(tf.size(m).numpy() * m.dtype.size for m in list(self._masks.keep) + [self._masks.mode]))
+        return int(sum(tf.size(m).numpy() * m.dtype.size for m in self._masks.keep))
 
     def state_bytes(self, variable: Any = None) -> int:
         """Bytes of optimizer state: all of it, or one variable's (its slots, its mask, its sparse selection).
@@ -468,8 +464,8 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         ``state="sparse"`` each selection adds K ``int32`` indices and K scratch values.
 
         Args:
-            variable: None for every variable this optimizer holds (the inner optimizer's, the masks and
-                modes, sparse state); or a variable (or its path) for that variable's own share: its slots
+            variable: None for every variable this optimizer holds (the inner optimizer's, the masks,
+                sparse state); or a variable (or its path) for that variable's own share: its slots
                 (K entries each under ``state="sparse"``), its stored mask (1 byte per stored entry) and
                 its sparse indices and scratch values.
 
@@ -481,8 +477,8 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
 
         >>> w = keras.Variable(np.zeros((4, 5), "float32"), name="w")
         >>> opt = MaskedOptimizer("adam"); opt.build([w])
-        >>> opt.state_bytes()  # step 8 + learning rate 4 + m 80 + v 80 + mask 1 + mode 4
-        177
+        >>> opt.state_bytes()  # step 8 + learning rate 4 + m 80 + v 80 + mask 1
+        173
         >>> opt.state_bytes(w)  # m 80 + v 80 + its mask 1 (no mask stored: one byte)
         161
         >>> opt.set_mask(w, np.eye(4, 5) > 0); opt.state_bytes(w)  # m 80 + v 80 + its mask 20
@@ -593,9 +589,9 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
                 in_graph[k] = keep
                 mode = _masks.graph_mode(keep)
                 keeps[k], modes[k] = (lambda keep=keep: keep), (lambda mode=mode: mode)
-            elif not (tf.executing_eagerly() and int(self._masks.mode[index]) == _masks.UNMASKED):
+            elif not (tf.executing_eagerly() and _masks.stored_mode(stored) == _masks.UNMASKED):
                 keeps[k] = lambda stored=stored: tf.convert_to_tensor(stored)
-                modes[k] = lambda index=index: tf.gather(tf.convert_to_tensor(self._masks.mode), index)
+                modes[k] = lambda stored=stored: _masks.stored_mode(stored)
         return entries_for(self._leaves(), _keras_api.trainable_variables(self), keeps, modes), in_graph
 
     def _step(self, grads: list[Any], variables: list[Any], masks: list[Any] | None) -> None:
@@ -615,9 +611,15 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         else:
             if self.policy == "reset" and in_graph:
                 reset_frozen_slots({k: e for k, e in entries.items() if k in in_graph}, self._initial)
-            with REGISTRY.active(entries):
-                self.inner.apply(grads, variables)
+            sparse = {_keras_api.key(v) for g, v in zip(grads, variables) if isinstance(g, tf.IndexedSlices)}
+            self._guarded(entries, lambda: self.inner.apply(grads, variables), f"{type(self.inner).__name__}.apply",
+                          sparse)
         self._sparse.scatter()
+
+    def _guarded(self, entries: dict[int, Any], write: Any, who: str, sparse: set[int] = frozenset()) -> None:
+        """Run ``write`` (the inner optimizer's own code) so that no frozen entry of ``entries`` changes a bit
+        (``freezing._restore.guarded``)."""
+        guarded(self._guards, entries, write, who, sparse)
 
 def _renamed(trainable_masks: Any, masks: Any) -> Any:
     if masks is None:

@@ -103,8 +103,8 @@ def test_the_wrapper_adds_only_one_mask_variable_per_variable_and_one_mode_vecto
     opt = MaskedOptimizer(inner)
     opt.build([w, b])
     assert len(inner.variables) == 6  # iterations, learning_rate, 2 x (m, v): nothing added to the inner optimizer
-    assert len(opt.variables) == 6 + 2 + 1  # plus one unset (scalar) mask each and one int32 mode vector
-    assert opt.mask_bytes() == 2 + 2 * 4  # 1 byte per unset mask, 4 bytes per variable's mode
+    assert len(opt.variables) == 6 + 2  # plus one unset (scalar) mask each: no other state
+    assert opt.mask_bytes() == 2  # 1 byte per unset mask
 
 
 def test_the_former_masks_argument_still_works_with_a_deprecation_warning():

@@ -134,7 +134,7 @@ def test_a_write_that_bypasses_the_guard_raises_when_the_step_is_traced():
     opt = MaskedOptimizer(Rerouted(0.1))
     opt.build([w])
     opt.set_mask(w, np.arange(1 << 15) % 2 == 0)
-    with pytest.raises(RuntimeError, match=r"MaskedOptimizer: Rerouted.update_step wrote 'w' with AssignSubVariableOp "
+    with pytest.raises(RuntimeError, match=r"MaskedOptimizer: Rerouted.apply wrote .w. with AssignSubVariableOp .op .*. "
                                            r"outside the masked write; frozen entries would move"):
         tf.function(lambda: opt.apply_gradients([(tf.ones(1 << 15), w)]))()
 
@@ -225,8 +225,8 @@ def test_load_refuses_a_mask_that_does_not_fit_and_changes_nothing():
     opt.build([w])
     opt.set_mask(w, [True, False])
     with pytest.raises(ValueError, match=r"load_own_variables\) for 'w' has shape \(3,\)"):
-        opt.load_own_variables({"0": 5, "1": 0.5, "2": [True, False, True], "3": [2]})
+        opt.load_own_variables({"0": 5, "1": 0.5, "2": [True, False, True]})
     assert int(opt.iterations.numpy()) == 0 and opt.get_mask(w).tolist() == [True, False]
-    with pytest.raises(ValueError, match=r"the modes \[7\] are not one of 0, 1, 2"):
+    with pytest.raises(ValueError, match=r"the modes \[7\] \(state from an earlier freezing\) are not one of 0, 1, 2"):
         opt.load_own_variables({"0": 5, "1": 0.5, "2": [True, False], "3": [7]})
     assert int(opt.iterations.numpy()) == 0

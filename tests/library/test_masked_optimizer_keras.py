@@ -118,14 +118,14 @@ def test_stored_masks_cost_at_most_a_byte_per_masked_entry():
     opt = MaskedOptimizer("adam")
     opt.build(model.trainable_variables)
     n_vars = len(model.trainable_variables)
-    assert opt.mask_bytes() == 5 * n_vars  # one byte per variable without a mask, 4 per variable's mode
+    assert opt.mask_bytes() == n_vars  # one byte per variable without a mask
     opt.set_mask(model.get_layer("fc1").kernel, KEEP)
-    assert opt.mask_bytes() == 5 * n_vars - 1 + KEEP.size
+    assert opt.mask_bytes() == n_vars - 1 + KEEP.size
     opt.set_mask(model.get_layer("fc2").kernel, [[1, 0]])  # broadcastable: stored at its own size
-    assert opt.mask_bytes() == 5 * n_vars - 2 + KEEP.size + 2
+    assert opt.mask_bytes() == n_vars - 2 + KEEP.size + 2
     opt.set_mask(model.get_layer("fc2").kernel, np.ones((6, 2)))  # all trainable: no mask, one byte
-    opt.set_mask(model.get_layer("fc2").bias, np.zeros(2))  # all frozen: its mode says so, one byte
-    assert opt.mask_bytes() == 5 * n_vars - 1 + KEEP.size
+    opt.set_mask(model.get_layer("fc2").bias, np.zeros(2))  # all frozen: scalar False, one byte
+    assert opt.mask_bytes() == n_vars - 1 + KEEP.size
 
 
 def _step_mask(step, variable):
@@ -154,7 +154,7 @@ def test_mask_fn_computes_masks_in_the_graph_with_nothing_stored():
 
     _fit(model, opt, epochs=1, callbacks=[Check()])
     assert violations == []
-    assert opt.mask_bytes() == 5 * len(model.trainable_variables)  # nothing stored beyond the empty masks and modes
+    assert opt.mask_bytes() == len(model.trainable_variables)  # nothing stored beyond the empty masks
 
 
 def test_per_call_masks_override_the_stored_ones():
