@@ -44,8 +44,10 @@ OPTION_NAMES = {
 """Per-variable lists a built optimizer has only with an option on: option -> (name, what it holds)."""
 
 CLIP_GRADIENTS, APPLY_WEIGHT_DECAY, ITERATIONS = "_clip_gradients", "_apply_weight_decay", "_iterations"
-"""The private names ``MaskedOptimizer`` itself defines (``freezing._surface``): Keras code calls them on
-``model.optimizer``, so the wrapper answers under Keras' names."""
+MOVING_AVERAGES = OPTION_NAMES["use_ema"][0]
+"""The private names ``MaskedOptimizer`` itself defines (``freezing._surface``, ``freezing.masked_optimizer``):
+Keras code calls them on ``model.optimizer`` (``SwapEMAWeights`` reads the EMA averages), so the wrapper answers
+under Keras' names."""
 
 OPTIMIZER_MAP, FLATTEN_LAYERS, FUNCTIONS = "_optimizer_map", "_flatten_layers", "_functions"
 """``MultiOptimizer``'s variable -> optimizer method, a model's every-layer method, a graph's functions by name."""
@@ -245,7 +247,7 @@ def ema_averages(optimizer: Any) -> list[Any]:
 
 def moving_averages(optimizer: Any) -> list[Any]:
     """The optimizer's own list of EMA averages, as Keras' ``SwapEMAWeights`` reads it (AttributeError without EMA)."""
-    return optimizer._model_variables_moving_average
+    return getattr(optimizer, MOVING_AVERAGES)
 
 
 def initial_accumulator(optimizer: Any, slot_name: str) -> float:

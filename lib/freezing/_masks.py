@@ -90,7 +90,7 @@ def graph_mode(keep: tf.Tensor) -> tf.Tensor:
 ALLOWED = "bool, or numbers that are each 0 or 1 (1/True = trains, 0/False = frozen)"
 
 
-def _path(variable: Any) -> str:
+def _named(variable: Any) -> str:
     """The variable's path; before ``build`` a mask names its variable by the path string itself."""
     return variable if isinstance(variable, str) else variable_path(variable)
 
@@ -103,13 +103,13 @@ def check_values(array: np.ndarray, what: str, variable: Any) -> None:
     if array.dtype.kind == "b":
         return
     if array.dtype.kind not in "iuf":
-        raise ValueError(f"MaskedOptimizer: {what} for {_path(variable)!r} has dtype {array.dtype}; expected {ALLOWED}")
+        raise ValueError(f"MaskedOptimizer: {what} for {_named(variable)!r} has dtype {array.dtype}; expected {ALLOWED}")
     bad = ~((array == 0) | (array == 1))
     if bad.any():
         first = array[bad].flat[0].item()
         count = int(np.count_nonzero(bad))
         raise ValueError(
-            f"MaskedOptimizer: {what} for {_path(variable)!r} has {count} value(s) that are not 0 or 1 "
+            f"MaskedOptimizer: {what} for {_named(variable)!r} has {count} value(s) that are not 0 or 1 "
             f"(the first: {first!r}); expected {ALLOWED}"
         )
 
@@ -146,7 +146,7 @@ def check_mask(keep: Any, variable: Any, where: str) -> np.ndarray:
     try:
         array = np.asarray(keep)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"MaskedOptimizer: {what} for {_path(variable)!r} is not array-like: {e}") from None
+        raise ValueError(f"MaskedOptimizer: {what} for {_named(variable)!r} is not array-like: {e}") from None
     check_values(array, what, variable)
     if not isinstance(variable, str):
         _check_shape(array.shape, array.ndim, variable, what)

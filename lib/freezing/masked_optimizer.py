@@ -239,10 +239,10 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
         if any(leaf.use_ema for leaf in self._leaves()):
             self._sparse.scatter(everything=True)  # sparse state: the averages went into the scratch values
 
-    @property
-    def _model_variables_moving_average(self) -> list[Any]:
+    def _ema_for_callbacks(self) -> list[Any]:
         """The EMA averages, one per built variable, as ``keras.callbacks.SwapEMAWeights`` pairs them with the
-        variables (``state="sparse"``: see ``SparseState.ema_view``); AttributeError when there is no EMA."""
+        variables (``state="sparse"``: see ``SparseState.ema_view``); AttributeError when there is no EMA.
+        Installed as Keras' own name for that list (``_keras_api.MOVING_AVERAGES``), below the class."""
         return self._sparse.ema_view(_keras_api.moving_averages(self.inner))
 
     # -- build: the mask variables and the guard ---------------------------------------------------
@@ -628,3 +628,6 @@ def _renamed(trainable_masks: Any, masks: Any) -> Any:
         raise ValueError("MaskedOptimizer: pass trainable_masks= (masks= is its former name), not both")
     warnings.warn("MaskedOptimizer: masks= is now trainable_masks= (True trains)", DeprecationWarning, stacklevel=3)
     return masks
+
+
+setattr(MaskedOptimizer, _keras_api.MOVING_AVERAGES, property(MaskedOptimizer._ema_for_callbacks))
