@@ -11,7 +11,7 @@ One module per idea:
                           ``_write_path`` (the guard: frozen bits only ever copied; the per-variable
                           paths; the trace-time check), ``_keras_api`` (every private Keras/TensorFlow
                           name, checked at build), ``_surface`` (the inner optimizer's options seen
-                          through the wrapper), ``_saving`` (config and state), ``_sparse_state``
+                          through the wrapper), ``_saving`` (config and state), ``_sizes`` (bytes held), ``_sparse_state``
                           (state for a fixed selection only), ``_distribute`` (what each strategy runs
                           or refuses).
 * ``loading``          -- ``load_model``: ``keras.saving.load_model`` that also restores the optimizer of a

@@ -72,6 +72,7 @@ import tensorflow as tf
 from freezing import _distribute, _keras_api, _masks
 from freezing._sparse_state import SparseState
 from freezing._saving import SavedState
+from freezing._sizes import StateSizes
 from freezing._surface import InnerSurface
 from freezing._wrappers import wrapper_chain
 from freezing._restore import guarded
@@ -112,7 +113,7 @@ def _leaves(optimizer: keras.optimizers.Optimizer) -> list[keras.optimizers.Opti
 
 
 @keras.saving.register_keras_serializable(package="freezing")
-class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
+class MaskedOptimizer(InnerSurface, SavedState, StateSizes, keras.optimizers.Optimizer):
     """A Keras optimizer that freezes chosen entries of chosen variables exactly, under any inner optimizer.
 
     Args:
@@ -442,59 +443,6 @@ class MaskedOptimizer(InnerSurface, SavedState, keras.optimizers.Optimizer):
             self._pending.pop(variable, None)
             return
         self.set_mask(variable, True)
-
-    def mask_bytes(self) -> int:
-        """Bytes the stored masks take: 1 per stored entry, 1 per variable without a mask (or wholly frozen).
-
-        Returns:
-            The total size of the mask variables, in bytes.
-
-        >>> v = keras.Variable(np.zeros((4, 5)), name="w")
-        >>> opt = MaskedOptimizer("adam"); opt.build([v]); opt.mask_bytes()
-        1
-        >>> opt.set_mask(v, np.random.default_rng(0).random((4, 5)) < 0.5); opt.mask_bytes()
-        20
-        """
-        return int(sum(tf.size(m).numpy() * m.dtype.size for m in self._masks.keep))
-
-    def state_bytes(self, variable: Any = None) -> int:
-        """Bytes of optimizer state: all of it, or one variable's (its slots, its mask, its sparse selection).
-
-        The inner optimizer's variables are its slots, step counter and learning rate; with
-        ``state="sparse"`` each selection adds K ``int32`` indices and K scratch values.
-
-        Args:
-            variable: None for every variable this optimizer holds (the inner optimizer's, the masks,
-                sparse state); or a variable (or its path) for that variable's own share: its slots
-                (K entries each under ``state="sparse"``), its stored mask (1 byte per stored entry) and
-                its sparse indices and scratch values.
-
-        Returns:
-            The total, in bytes.
-
-        Raises:
-            ValueError: a variable this optimizer was not built with, or a variable before ``build``.
-
-        >>> w = keras.Variable(np.zeros((4, 5), "float32"), name="w")
-        >>> opt = MaskedOptimizer("adam"); opt.build([w])
-        >>> opt.state_bytes()  # step 8 + learning rate 4 + m 80 + v 80 + mask 1
-        173
-        >>> opt.state_bytes(w)  # m 80 + v 80 + its mask 1 (no mask stored: one byte)
-        161
-        >>> opt.set_mask(w, np.eye(4, 5) > 0); opt.state_bytes(w)  # m 80 + v 80 + its mask 20
-        180
-        """
-        if variable is None:
-            variables = self.variables + self._sparse.scratch()
-            return int(sum(int(tf.size(v).numpy()) * tf.as_dtype(v.dtype).size for v in variables))
-        if not self.built:
-            raise ValueError("MaskedOptimizer.state_bytes: build the optimizer first (it holds no state yet)")
-        variable = self._resolve(variable)
-        held = slots(self, variable)
-        total = sum(int(np.prod(s.shape)) * tf.as_dtype(s.dtype).size for s in held.values())
-        total += self._sparse.optimizer_bytes({}, variable)  # 0 unless its state is sparse
-        keep = self._masks.keep[self._mask_index[_keras_api.key(variable)]]
-        return int(total + int(tf.size(keep).numpy()) * keep.dtype.size)
 
     # -- applying a step --------------------------------------------------------------------------
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]], trainable_masks: Sequence[Any] | None = None,
