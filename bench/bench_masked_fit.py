@@ -19,12 +19,12 @@ run in interleaved rounds (the order rotates every round; one round = one ``fit`
 * ``hold_adamw`` -- as ``hold`` with ``AdamW(weight_decay=0.004)``, against ``plain_adamw``: weight decay
   is a write outside ``update_step``, masked by the same guard.
 * ``hold_restore``, ``unmasked_restore``, ``hold_adamw_restore`` -- as ``hold``, ``unmasked`` and
-  ``hold_adamw`` with ``freezing._write_path.RESTORE_IN_GRAPHS``: the snapshot-and-select construction
+  ``hold_adamw`` with ``freezing.WriteTuning(restore_in_graphs=True)``: the snapshot-and-select construction
   (old values of every masked variable and its state read, Keras' own ``apply`` untouched, the frozen
   bits selected back; ``freezing._restore``) instead of the guarded write (what the guarded write buys).
-* ``hold_unfused`` -- as ``hold`` with ``freezing._write_path.FUSE_ABOVE`` out of reach: every guarded
+* ``hold_unfused`` -- as ``hold`` with ``WriteTuning.fuse_above`` out of reach: every guarded
   write as TensorFlow's add, select and assign instead of one XLA-compiled pass (what fusing buys).
-* ``frozen_half_undispatched`` -- as ``frozen_half`` with ``DISPATCH_ABOVE`` out of reach: every
+* ``frozen_half_undispatched`` -- as ``frozen_half`` with ``WriteTuning.dispatch_above`` out of reach: every
   variable takes the masked update, the wholly frozen ones included (what the per-variable
   ``switch_case`` buys).
 * ``dense_fc1``, ``sparse_fc1`` -- FISH-style sparse fine-tuning: a fixed 1% of ``fc1``'s kernel
@@ -57,7 +57,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from freezing import MaskedOptimizer, _write_path, slots  # noqa: E402
+from freezing import MaskedOptimizer, WriteTuning, slots  # noqa: E402
 from study.models import deep_mnist_cnn  # noqa: E402
 
 TARGET = 1.05
@@ -67,11 +67,11 @@ TARGETS = {  # (variant, reference): target for variant / reference (issues 15 a
     ("hold_adamw", "plain_adamw"): 1.05, ("unmasked", "plain"): 1.01,
 }
 OUT_OF_REACH = 1 << 40
-SETTINGS = {  # variant -> freezing._write_path constants in force while it is traced
-    "hold_unfused": {"FUSE_ABOVE": OUT_OF_REACH},
-    "hold_restore": {"RESTORE_IN_GRAPHS": True}, "unmasked_restore": {"RESTORE_IN_GRAPHS": True},
-    "hold_adamw_restore": {"RESTORE_IN_GRAPHS": True},
-    "frozen_half_undispatched": {"DISPATCH_ABOVE": OUT_OF_REACH},
+SETTINGS = {  # variant -> its optimizer's freezing.WriteTuning fields (read while its step is traced)
+    "hold_unfused": {"fuse_above": OUT_OF_REACH},
+    "hold_restore": {"restore_in_graphs": True}, "unmasked_restore": {"restore_in_graphs": True},
+    "hold_adamw_restore": {"restore_in_graphs": True},
+    "frozen_half_undispatched": {"dispatch_above": OUT_OF_REACH},
 }
 XLA_TARGET = 1.03  # every masked variant / plain under jit_compile=True
 ONE = "conv2/kernel"  # the one masked variable of hold_one
@@ -230,21 +230,17 @@ def memory_report(variants: dict) -> dict:
         out.update(hold_masked_entries=masked, hold_mask_bytes=opt.mask_bytes(), hold_unmasked_bytes=unmasked,
                    hold_mask_bytes_per_masked_entry=(opt.mask_bytes() - unmasked) / max(masked, 1),
                    inner_bytes_equal=_bytes(opt.inner.variables) == _bytes(plain["opt"].variables),
-                   wrapper_own_base_bytes=_bytes(opt._variables))
+                   wrapper_extra_bytes=opt.state_bytes() - _bytes(opt.inner.variables) - opt.mask_bytes())
     if "mask_fn" in variants:
         opt = variants["mask_fn"]["opt"]
-        out.update(mask_fn_mask_bytes=opt.mask_bytes(), mask_fn_mask_variables=len(opt._masks.keep))
+        out.update(mask_fn_mask_bytes=opt.mask_bytes(), mask_fn_mask_variables=len(variants["mask_fn"]["model"].trainable_variables))
     for name in ("dense_fc1", "sparse_fc1"):
         if name in variants:
             opt, model = variants[name]["opt"], variants[name]["model"]
             kernel = model.get_layer("fc1").kernel
             state = slots(opt, kernel)
-            total = _bytes(state.values())
-            if name == "sparse_fc1":
-                total += opt._sparse.optimizer_bytes({}, kernel)  # the K int32 indices and K scratch values
-            else:
-                total += int(np.prod(kernel.shape))  # its stored mask, 1 byte per entry
-            out[f"{name}_optimizer_bytes_fc1"] = total
+            # its slots, its stored mask (1 byte per entry, or 1 when none is stored), its K indices and scratch values
+            out[f"{name}_optimizer_bytes_fc1"] = opt.state_bytes(kernel)
             out[f"{name}_slot_shapes"] = {k: list(v.shape) for k, v in state.items()}
             out[f"{name}_inner_optimizer_bytes"] = _bytes(opt.inner.variables)
     if "dense_fc1_optimizer_bytes_fc1" in out and "sparse_fc1_optimizer_bytes_fc1" in out:
@@ -287,15 +283,10 @@ def main(argv: list[str] | None = None) -> dict:
         v["model"].fit(data, epochs=epochs, steps_per_epoch=args.steps, callbacks=v["callbacks"],
                        verbose=0, shuffle=False)
 
-    for name in names:  # trace and warm up: one epoch each, not timed; a variant's settings are read while it traces
-        saved = {k: getattr(_write_path, k) for k in SETTINGS.get(name, {})}
-        for k, value in SETTINGS.get(name, {}).items():
-            setattr(_write_path, k, value)
-        try:
-            fit(name, 1)
-        finally:
-            for k, value in saved.items():
-                setattr(_write_path, k, value)
+    for name in names:  # trace and warm up: one epoch each, not timed; a variant's tuning is read while it traces
+        if name in SETTINGS:
+            variants[name]["opt"].tuning = WriteTuning(**SETTINGS[name])
+        fit(name, 1)
     traces_after_warmup = {name: v["traces"][0] for name, v in variants.items()}
     for v in variants.values():
         v["timer"].clear()
@@ -366,7 +357,7 @@ def _print_memory(m: dict) -> None:
         print(f"  memory: hold mask_bytes() = {m['hold_mask_bytes']:,} B = {m['hold_mask_bytes_per_masked_entry']:.3f} B "
               f"per masked entry ({m['hold_masked_entries']:,}) + {m['hold_unmasked_bytes']} B of unmasked variables  (target <= 1 B per "
               f"masked entry): {_met(m['hold_mask_bytes_per_masked_entry'] <= 1)}; inner Adam bytes equal to plain: "
-              f"{m['inner_bytes_equal']}; the wrapper's own base-class variables: {m['wrapper_own_base_bytes']} B")
+              f"{m['inner_bytes_equal']}; the wrapper's state beyond the inner optimizer's and the masks: {m['wrapper_extra_bytes']} B")
     if "mask_fn_mask_bytes" in m:
         print(f"  memory: mask_fn only: mask_bytes() = {m['mask_fn_mask_bytes']} B in all "
               f"({m['mask_fn_mask_variables']} scalar 'no mask' variables)")

@@ -5,7 +5,7 @@ in alternating rounds; the masked step gets a fresh per-element mask for every v
 step (drawn ahead of time from a pool, so mask generation is not timed). The naive approach the
 guide measured (copy every variable and slot, apply, ``tf.where``-restore the frozen entries) runs
 in the same rounds as a reference, and so does ``hold_restore``: the same ``MaskedOptimizer`` traced with
-``freezing._write_path.RESTORE_IN_GRAPHS`` (that construction inside the wrapper, ``freezing._restore``). The reported ratio is the median over rounds of (hold / plain),
+``freezing.WriteTuning(restore_in_graphs=True)`` (that construction inside the wrapper, ``freezing._restore``). The reported ratio is the median over rounds of (hold / plain),
 each round timing both on the same steps. Prints ratios; asserts nothing about time.
 """
 
@@ -22,7 +22,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from freezing import MaskedOptimizer, _write_path, slots  # noqa: E402
+from freezing import MaskedOptimizer, WriteTuning, slots  # noqa: E402
 from study.models import deep_mnist_cnn  # noqa: E402
 
 TARGET = 1.05
@@ -70,9 +70,10 @@ def make_steps(batch: int, pool: int, seed: int, jit: bool):
 
     steps["hold"] = (hold_step, model2, masked)
 
-    # MaskedOptimizer hold with the snapshot-and-select construction (traced with RESTORE_IN_GRAPHS, see main)
+    # MaskedOptimizer hold with the snapshot-and-select construction (its tuning: restore_in_graphs)
     model4, x4, y4, loss4 = _setup(batch, seed)
     restoring = MaskedOptimizer(keras.optimizers.Adam(1e-4), "hold")
+    restoring.tuning = WriteTuning(restore_in_graphs=True)
     restoring.build(model4.trainable_variables)
 
     @tf.function(jit_compile=jit)
@@ -119,12 +120,8 @@ def main(argv: list[str] | None = None) -> dict:
     target = XLA_TARGET if args.jit else TARGET
     steps, pool = make_steps(args.batch, pool=8, seed=0, jit=args.jit)
     for name, (fn, _, _) in steps.items():  # trace and warm up
-        _write_path.RESTORE_IN_GRAPHS = name == "hold_restore"
-        try:
-            for i in range(3):
-                fn(pool[i % len(pool)])
-        finally:
-            _write_path.RESTORE_IN_GRAPHS = False
+        for i in range(3):
+            fn(pool[i % len(pool)])
     times = {name: [] for name in steps}
     cpu = {name: [] for name in steps}  # process CPU time (all threads): far less moved by other jobs
     k = 0

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                      "config=tf.compat.v1.ConfigProto(inter_op_parallelism_threads=3)).join()"],
                     env=dict(os.environ, TF_CONFIG=cluster.tf_config("worker", i)), start_new_session=True,
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            cluster._wait_until_listening([("worker", 0), ("worker", 1)])
+            cluster.wait_until_listening([("worker", 0), ("worker", 1)])
         for mode in ("keras", "stateless"):
             cpu = {i: cpu_seconds(cluster.processes[("worker", i)].pid) for i in (0, 1)}
             run = subprocess.run([sys.executable, __file__, "--chief", mode, "--steps", str(args.steps),

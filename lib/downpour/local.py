@@ -114,7 +114,7 @@ class LocalCluster:
             for job in ("ps", "worker"):
                 for index in range(len(self.spec[job])):
                     self._start(job, index)
-            self._wait_until_listening([(job, i) for job in ("ps", "worker") for i in range(len(self.spec[job]))])
+            self.wait_until_listening([(job, i) for job in ("ps", "worker") for i in range(len(self.spec[job]))])
         except BaseException as e:
             self.__exit__(type(e), e, None)
             raise
@@ -155,7 +155,10 @@ class LocalCluster:
         self._all_pids.append(process.pid)
         return process
 
-    def _wait_until_listening(self, keys: list[tuple[str, int]]) -> None:
+    def wait_until_listening(self, keys: list[tuple[str, int]]) -> None:
+        """Block until each task in ``keys`` (``("worker", 0)``, ...) accepts connections on its port, for a task
+        started again by hand; raise ``RuntimeError`` naming the task (with its log's tail) if it exits first or
+        ``start_timeout`` passes."""
         deadline = time.monotonic() + self.start_timeout
         waiting = {key: int(self.spec[key[0]][key[1]].rpartition(":")[2]) for key in keys}
         while waiting:
@@ -240,7 +243,7 @@ class LocalCluster:
             time.sleep(0.1)
         self._start(job, index)
         if wait:
-            self._wait_until_listening([(job, index)])
+            self.wait_until_listening([(job, index)])
 
     def stop(self, failed: bool = False) -> None:
         """End every task: SIGTERM, then SIGKILL after 5 s; then remove the logs' folder, unless ``failed`` or

@@ -10,7 +10,7 @@ them in between -- any write method, a raw op, a nested function, a write this l
 
 It costs a copy and a select per masked tensor whether or not anything was frozen, where the guarded
 write (``freezing._write_path``) folds the select into each write: ``make bench``'s ``*_restore`` rows
-measure it in graphs (``RESTORE_IN_GRAPHS``), where the guarded write is cheaper in every row, so graphs
+measure it in graphs (``WriteTuning.restore_in_graphs``), where the guarded write is cheaper in every row, so graphs
 keep the guarded write and its trace-time check. ``MaskedOptimizer`` runs it, under the guard, for eager
 steps, where there is no trace for the check to read: for every variable with a dense gradient (an
 ``IndexedSlices`` one stays a scatter under the guard alone).
@@ -67,7 +67,7 @@ def guarded(guards: Any, entries: dict[int, Any], write: Callable[[], Any], who:
         with guards.active(entries), restored({k: e for k, e in entries.items() if k not in sparse}):
             write()
         return
-    if _write_path.RESTORE_IN_GRAPHS:  # the alternative construction the bench measures
+    if guards.tuning.restore_in_graphs:  # the alternative construction the bench measures
         with guards.active(entries, writes=False), restored(entries):
             write()
         return

@@ -28,7 +28,7 @@ writes, so steps of two models in two threads, or several wrappers in one traced
 optimizer's public ``update_step``): no mask -> Keras' own ``update_step`` with the guard off; wholly
 frozen -> no update at all; some entries frozen -> the masked update. In a graph the choice is one
 ``switch_case`` on the mode read off the mask (``freezing._masks``), so a changed mask never retraces;
-under XLA, and for variables under ``DISPATCH_ABOVE`` entries, every variable takes the masked update
+under XLA, and for variables under ``WriteTuning.dispatch_above`` entries, every variable takes the masked update
 (its selects with an all-True mask give Keras' bits). An optimizer whose update of one entry reads
 other entries' state (Lamb, Adafactor, Muon, anything not in ``ELEMENTWISE``) updates its slots as
 Keras would and has their frozen entries copied back after ``update_step``, so a held slot cannot
@@ -64,6 +64,7 @@ from freezing import _keras_api as api
 from freezing import _masks
 from freezing._masks import FROZEN, UNMASKED
 from freezing.selection import variable_path
+from freezing.tuning import WriteTuning
 
 ELEMENTWISE = (
     keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.AdamW, keras.optimizers.Adamax,
@@ -84,20 +85,9 @@ GUARD_SCOPE = "freezing_guard"
 """Prefix of the name scope of an owner's own writes in a graph; each ``Guards`` adds a random suffix (its
 token), so the trace-time check tells its writes from any other op, whatever that op is named."""
 
-RESTORE_IN_GRAPHS = False
-"""Use the snapshot-and-select construction (``freezing._restore``) in graphs too, not only in eager steps
-(the ``*_restore`` rows of ``make bench``: what the guarded write buys over it)."""
-
-DISPATCH_ABOVE = 1 << 14
-"""In a graph, a variable with fewer entries than this always takes the masked update: the per-variable
-``switch_case`` keeps its untaken branches' operations in the graph, which cost more than a small
-variable's selects (the CNN's six small variables: about 2 ms on an 8 ms optimizer step)."""
-
-FUSE_ABOVE = 1 << 17
-"""A guarded dense write to a variable with at least this many entries, in a graph that XLA does not
-compile, runs as one XLA-compiled function: ``assign(t, where(keep, t + d, t))`` becomes one pass
-over ``t`` instead of TensorFlow's two kernels and a temporary. ``d`` is computed outside it by
-TensorFlow, so the bits are TensorFlow's (see ``make bench``'s ``masked_fit_unfused`` row)."""
+DEFAULT_TUNING = WriteTuning()
+"""The thresholds a new ``MaskedOptimizer`` starts with (read once, when it is made); each optimizer then keeps its
+own (``MaskedOptimizer.tuning``, held by its ``Guards``): no step reads process-wide state."""
 
 
 def _size(variable: Any) -> int:
@@ -144,6 +134,7 @@ class Guards:
         self._frames: dict[Any, list[tuple[int, dict[int, Target], dict[int, Entry]]]] = {}
         self._local = threading.local()
         self.token = f"{GUARD_SCOPE}_{uuid.uuid4().hex[:12]}"  # the name scope of this owner's writes
+        self.tuning = DEFAULT_TUNING  # the owner's thresholds (MaskedOptimizer.tuning)
 
     def _find(self, k: int, which: int) -> Any:
         frames = self._frames
@@ -242,7 +233,7 @@ class _Guard:
             if target is None:  # unmasked on purpose: Keras' own update of an unmasked variable, or a copy-back
                 return self.plain(self.variable, *args, **kwargs)
             if self.method in ("assign", "assign_add", "assign_sub"):
-                return self._dense(target, *args, **kwargs)
+                return self._dense(target, *args, fuse_above=guards.tuning.fuse_above, **kwargs)
             return self._scatter(target, *args, **kwargs)
 
     def _frozen(self, target: Target, old: tf.Tensor) -> tf.Tensor:
@@ -250,14 +241,14 @@ class _Guard:
             return old
         return tf.cast(tf.convert_to_tensor(target.source), old.dtype)
 
-    def _dense(self, target: Target, value: Any, *args: Any, **kwargs: Any) -> Any:
+    def _dense(self, target: Target, value: Any, *args: Any, fuse_above: int = 1 << 17, **kwargs: Any) -> Any:
         var = self.variable
         if isinstance(value, tf.IndexedSlices):  # not a dense write: scatter it like Keras' TF optimizer does
             method = {"assign": "scatter_update", "assign_add": "scatter_add", "assign_sub": "scatter_sub"}[self.method]
             return _Guard(var, method, self.fused, self.owners)._scatter(target, value)
         value = tf.convert_to_tensor(value, dtype=var.dtype)
         keep = target.keep()
-        if target.source is None and _in_graph() and not api.in_xla() and _size(var) >= FUSE_ABOVE:
+        if target.source is None and _in_graph() and not api.in_xla() and _size(var) >= fuse_above:
             return self._fused_write(value, keep, kwargs)
         old = var.value()
         new = {"assign": lambda: value, "assign_add": lambda: old + value, "assign_sub": lambda: old - value}[self.method]()
@@ -396,7 +387,7 @@ class WritePath:
         entry = self.guards.entry(variable)
         if entry is None:
             return self.plain(gradient, variable, learning_rate)
-        if not self.guards.lookup(variable)[0]:  # snapshot-and-select alone keeps the bits (RESTORE_IN_GRAPHS)
+        if not self.guards.lookup(variable)[0]:  # snapshot-and-select alone keeps the bits (tuning.restore_in_graphs)
             return self.plain(gradient, variable, learning_rate)
         owned = [variable] + [slot for slot, _, _ in entry.slots]
 
@@ -410,7 +401,7 @@ class WritePath:
         if not _in_graph():
             mode = int(entry.mode())
             return {UNMASKED: plain, FROZEN: lambda: None}.get(mode, masked)()
-        if api.in_xla() or _size(variable) < DISPATCH_ABOVE:
+        if api.in_xla() or _size(variable) < self.guards.tuning.dispatch_above:
             return masked()  # XLA fuses the selects into the update; a conditional keeps it from fusing
         branches = [plain, lambda: None, masked]
 

@@ -26,7 +26,7 @@ if __name__ == "__main__" and sys.argv[1:2] == ["mirrored"]:  # only as a child;
 
 import keras  # noqa: E402
 
-from freezing import MaskedOptimizer, MaskSchedule, _keras_api, _write_path, diagnose, slots  # noqa: E402
+from freezing import MaskedOptimizer, MaskSchedule, WriteTuning, _keras_api, _write_path, diagnose, slots  # noqa: E402
 from freezing.audit import changed_bits  # noqa: E402
 
 RNG = np.random.default_rng(0)
@@ -85,8 +85,8 @@ def mirrored() -> dict:
 
     # 1. compile + fit with a stored mask, the masked writes as TensorFlow ops and as fused XLA passes
     for tag, dispatch, fused in (("", False, False), ("dispatch_", True, False), ("fused_", True, True)):
-        _write_path.DISPATCH_ABOVE = 0 if dispatch else 1 << 40  # every variable dispatches on its mode, or none
-        _write_path.FUSE_ABOVE = 0 if fused else 1 << 40
+        _write_path.DEFAULT_TUNING = WriteTuning(  # every variable dispatches on its mode, or none; fused or not
+            dispatch_above=1 if dispatch else 1 << 40, fuse_above=1 if fused else 1 << 40)
         model, opt = model_and_optimizer(strategy)
         kernel = model.get_layer("fc1").kernel
         opt.set_mask(kernel, KEEP)
@@ -99,8 +99,7 @@ def mirrored() -> dict:
         out[f"{tag}fit_replicas_identical"] = replicas_identical(opt, kernel)
         out[f"{tag}fit_functions"] = fused_functions(kernel)
         out[f"{tag}fit_bits"] = hashlib.sha256(after[0][0].tobytes()).hexdigest()
-    _write_path.FUSE_ABOVE = 1 << 17
-    _write_path.DISPATCH_ABOVE = 0  # the rest of the checks with every variable dispatching on its mode
+    _write_path.DEFAULT_TUNING = WriteTuning(dispatch_above=1)  # the rest: every variable dispatching on its mode
     out["fit_mirrored_variables"] = type(_keras_api.tf_variable(kernel)).__name__
     out["fit_copies_checked"] = len(replicas(kernel))  # every check below reads both replicas' copies
 
@@ -274,8 +273,8 @@ def worker() -> dict:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     out["task"], out["replicas"] = task, strategy.num_replicas_in_sync
-    _write_path.FUSE_ABOVE = 0  # every masked write as one fused XLA pass, in both processes
-    _write_path.DISPATCH_ABOVE = 0  # and every variable dispatching on its mode
+    # every masked write as one fused XLA pass, in both processes, and every variable dispatching on its mode
+    _write_path.DEFAULT_TUNING = WriteTuning(dispatch_above=1, fuse_above=1)
     model, opt = model_and_optimizer(strategy, inner=lambda: keras.optimizers.Adam(0.05))
     with strategy.scope():
         opt.build(model.trainable_variables)

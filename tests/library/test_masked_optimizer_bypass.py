@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import keras
-from freezing import MaskedOptimizer, _keras_api, slots
+from freezing import MaskedOptimizer, WriteTuning, _keras_api, slots
 from freezing.audit import changed_bits
 
 import keras_features
@@ -189,9 +189,9 @@ def test_the_snapshot_and_select_construction_gives_the_guarded_writes_bits(inne
     masks = [rng.random(SHAPE) < 0.5 for _ in range(4)]
     results = []
     for restore in (False, True):
-        monkeypatch.setattr(_write_path, "RESTORE_IN_GRAPHS", restore)
         w = keras.Variable(init, name="w")
         opt = MaskedOptimizer(make())
+        opt.tuning = WriteTuning(restore_in_graphs=restore)
         opt.build([w])
         step = tf.function(lambda g, m: opt.apply_gradients([(g, w)], trainable_masks=[m]), jit_compile=jit)
         for g, m in zip(grads, masks):

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import keras
-from freezing import MaskedOptimizer, slots
+from freezing import MaskedOptimizer, WriteTuning, slots
 from freezing import _masks, _write_path
 from freezing.audit import changed_bits
 
@@ -21,8 +21,8 @@ from freezing.audit import changed_bits
 def write(request, monkeypatch):
     """Run a test three ways: with the defaults (these small variables always take the masked update in a graph),
     with every variable dispatching on its mode, and with that plus every masked write as one XLA-compiled pass."""
-    monkeypatch.setattr(_write_path, "DISPATCH_ABOVE", 1 << 40 if request.param == "small" else 0)
-    monkeypatch.setattr(_write_path, "FUSE_ABOVE", 0 if request.param == "fused" else 1 << 40)
+    monkeypatch.setattr(_write_path, "DEFAULT_TUNING", WriteTuning(
+        dispatch_above=1 << 40 if request.param == "small" else 1, fuse_above=1 if request.param == "fused" else 1 << 40))
     return request.param
 
 
@@ -236,16 +236,16 @@ def test_fused_masked_writes_give_the_bits_of_tensorflow_ops(monkeypatch):
     shape = (64, 48)
     keep = np.random.default_rng(9).random(shape) < 0.5
     out = {}
-    for fuse_above in (1 << 40, 0):
-        monkeypatch.setattr(_write_path, "FUSE_ABOVE", fuse_above)
+    for fuse_above in (1 << 40, 1):
+        monkeypatch.setattr(_write_path, "DEFAULT_TUNING", WriteTuning(fuse_above=fuse_above))
         plain, pw, masked, mw, grads = _twins(shape, inner=lambda: keras.optimizers.AdamW(0.1, weight_decay=0.1))
         masked.set_mask(mw, keep)
         step = tf.function(lambda g: masked.apply_gradients([(g, mw)]))
         for g in grads:
             step(g)
-        assert bool(_fused(mw)) == (fuse_above == 0)
+        assert bool(_fused(mw)) == (fuse_above == 1)
         out[fuse_above] = _state(masked, mw)
-    assert all(_bits(a) == _bits(b) for a, b in zip(out[1 << 40], out[0]))
+    assert all(_bits(a) == _bits(b) for a, b in zip(out[1 << 40], out[1]))
 
 
 def test_xla_fit_with_masks_matches_the_graph_fit_to_rounding_and_holds_frozen_bits():
