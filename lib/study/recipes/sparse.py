@@ -28,8 +28,8 @@ METHODS = (*SPARSE_METHODS, "sparse_state", "lora")
 """Recipe 4's methods: full, last layer, the FISH selection with dense hold state and with sparse state, LoRA."""
 
 SPARSE_COLUMNS = {
-    "optimizer_bytes": "bytes of every variable the optimizer holds: slots, step counter, learning rate, masks "
-                       "and modes, sparse selections and scratch (bytes)",
+    "optimizer_bytes": "bytes of every variable the optimizer holds: slots, step counter, learning rate, "
+                       "masks, sparse selections and scratch (bytes)",
     "lora_rank": "rank r of layer.enable_lora(r) on every Dense layer (LoRA only; empty for other methods)",
     "weights_digest": "SHA-256 of all weights' bits at the end: equal digests mean bit-identical weights",
 }

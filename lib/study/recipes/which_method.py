@@ -165,7 +165,7 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
          f"exact and optimizer state kept at {kept3} stage boundaries",
          f"{_ms(recipe(r3, 'mask_schedule', 'step_time_ms'))}/MLP step vs {_ms(recipe(r3, 'recompile_fresh', 'step_time_ms'))} "
          "recompiling (frozen layers' gradients are still computed)",
-         f"{_n(recipe(r3, 'mask_schedule', 'extra_state_bytes'))} bytes in all (a scalar mask and a mode per variable)",
+         f"{_n(recipe(r3, 'mask_schedule', 'extra_state_bytes'))} bytes in all (a scalar mask per variable)",
          "05 recipe 3; recompiling loses the state, trainable without recompile trains the wrong layers"),
         ("keep some entries of a tensor fixed, fixed mask (new output columns / embedding rows)",
          "MaskedOptimizer(hold) + set_mask", f"bit-exact: {_n(recipe(r1, 'exact'))} of {r1.get('old_entries', '?')} old entries moved",
