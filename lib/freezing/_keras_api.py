@@ -336,3 +336,14 @@ def onednn_in_build() -> bool | None:
         return bool(_pywrap_util_port.IsMklEnabled())
     except (ImportError, AttributeError):
         return None
+
+
+def variable_shape(variable: Any) -> Any:
+    """The shape of ``variable`` as it is when the graph runs (``VariableShape`` on its handle), never folded from a
+    read's static shape, which can be stale for a variable whose shape changes (a stored mask on a remote task).
+
+    >>> v = tf.Variable(True, shape=tf.TensorShape(None)); _ = v.assign([[True, False]])
+    >>> variable_shape(v).numpy().tolist()
+    [1, 2]
+    """
+    return tf.raw_ops.VariableShape(input=tf_variable(variable).handle, out_type=tf.int64)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from freezing import _keras_api as api
 from freezing.selection import variable_path
 
 UNMASKED, FROZEN, ELEMENTS = 0, 1, 2
@@ -76,9 +77,13 @@ def stored_mode(stored: Any) -> Any:
         if keep.shape.rank != 0:
             return ELEMENTS
         return UNMASKED if bool(keep.numpy()) else FROZEN
-    first = tf.reduce_all(tf.reshape(keep, [-1])[:1])  # the scalar's value (a mask with entries: unused)
-    scalar = tf.equal(tf.rank(keep), 0)
-    return tf.where(scalar, tf.where(first, UNMASKED, FROZEN), ELEMENTS)
+    # The entry count of the variable as it is when the step runs, read from the variable itself: a read's static
+    # shape can be stale (a remote variable captured with the scalar it was created as), and TensorFlow folds
+    # tf.rank/tf.size of a tensor whose static shape is known into constants. One entry (a scalar, or a mask of
+    # one entry) is uniform: its value says unmasked or frozen.
+    entries = tf.reduce_prod(api.variable_shape(stored))
+    first = tf.reshape(keep, [-1])[0]
+    return tf.where(tf.equal(entries, 1), tf.where(first, UNMASKED, FROZEN), ELEMENTS)
 
 
 def graph_mode(keep: tf.Tensor) -> tf.Tensor:
