@@ -21,7 +21,7 @@ run in interleaved rounds (the order rotates every round; one round = one ``fit`
 * ``hold_restore``, ``unmasked_restore``, ``hold_adamw_restore`` -- as ``hold``, ``unmasked`` and
   ``hold_adamw`` with ``freezing.WriteTuning(restore_in_graphs=True)``: the snapshot-and-select construction
   (old values of every masked variable and its state read, Keras' own ``apply`` untouched, the frozen
-  bits selected back; ``freezing._restore``) instead of the guarded write (what the guarded write buys).
+  bits selected back) instead of the guarded write (what the guarded write buys).
 * ``hold_unfused`` -- as ``hold`` with ``WriteTuning.fuse_above`` out of reach: every guarded
   write as TensorFlow's add, select and assign instead of one XLA-compiled pass (what fusing buys).
 * ``frozen_half_undispatched`` -- as ``frozen_half`` with ``WriteTuning.dispatch_above`` out of reach: every

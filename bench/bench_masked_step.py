@@ -5,7 +5,7 @@ in alternating rounds; the masked step gets a fresh per-element mask for every v
 step (drawn ahead of time from a pool, so mask generation is not timed). The naive approach the
 guide measured (copy every variable and slot, apply, ``tf.where``-restore the frozen entries) runs
 in the same rounds as a reference, and so does ``hold_restore``: the same ``MaskedOptimizer`` traced with
-``freezing.WriteTuning(restore_in_graphs=True)`` (that construction inside the wrapper, ``freezing._restore``). The reported ratio is the median over rounds of (hold / plain),
+``freezing.WriteTuning(restore_in_graphs=True)`` (that construction inside the wrapper). The reported ratio is the median over rounds of (hold / plain),
 each round timing both on the same steps. Prints ratios; asserts nothing about time.
 """
 
