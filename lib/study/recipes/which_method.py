@@ -59,7 +59,7 @@ def _ms(value: Any, digits: int = 1) -> str:
 
 def _times(named: Mapping[str, tuple[Any, Any]]) -> str:
     """Step times of methods compared in one cell: "1.34 ms/step (exact) vs 1.37 ms (gradient mask)", with two
-    decimals, and "; within seed noise" when every gap is under the largest std over seeds.
+    decimals, and "; within seed noise" when every gap is under the largest std over seeds (both named).
     ``named`` maps a method's name to (mean, std) of its step time."""
     known = {k: (_number(m), _number(sd) or 0.0) for k, (m, sd) in named.items() if _number(m) is not None}
     if not known:
@@ -68,8 +68,10 @@ def _times(named: Mapping[str, tuple[Any, Any]]) -> str:
     text = f"{_ms(items[0][1][0], 2)}/step ({items[0][0]})" + "".join(
         f" vs {_ms(m, 2)} ({k})" for k, (m, _) in items[1:])
     means = [m for m, _ in known.values()]
-    if len(means) > 1 and max(means) - min(means) < max(sd for _, sd in known.values()):
-        text += "; within seed noise: the gaps are under one std over seeds"
+    widest = max(known.items(), key=lambda item: item[1][1])
+    if len(means) > 1 and max(means) - min(means) < widest[1][1]:
+        text += (f"; within seed noise: the largest gap, {_ms(max(means) - min(means), 3)}, is under the largest "
+                 f"std over seeds, {_ms(widest[1][1], 3)} ({widest[0]})")
     return text
 
 
