@@ -11,9 +11,11 @@ TensorFlow starts). The parameter-server benchmarks run at their own defaults (t
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,6 +30,7 @@ import bench_masked_fit  # noqa: E402
 import bench_masked_step  # noqa: E402
 import bench_ps  # noqa: E402
 import bench_sparse_embedding  # noqa: E402
+from study.report.load import Load, describe  # noqa: E402
 
 def _mirrored() -> dict:
     """bench_masked_mirrored in a child process (its logical devices must precede TensorFlow's start)."""
@@ -52,90 +55,195 @@ BENCHMARKS = {
 }
 
 
-def _summary(results: dict) -> list[str]:
-    """The MaskedOptimizer targets in one place (each benchmark also prints its own lines)."""
-    lines = []
+Row = dict  # {"label", "wall": (median, min, max), "cpu": (median, min, max) or None, "target": float or None}
 
-    def ratio(label: str, value: float | None, spread: tuple | None, target: float | None) -> None:
-        if value is None:
-            return
-        met = "" if target is None else f"  target <= {target}: {'met' if value <= target else 'NOT met'}"
-        extra = f" (rounds {spread[0]:.3f}-{spread[1]:.3f})" if spread else ""
-        lines.append(f"  {label:<52} {value:.3f}{extra}{met}")
+
+def _rows(results: dict) -> tuple[list[Row], list[str]]:
+    """The ratios with targets in one place (each benchmark also prints its own lines), and the memory notes."""
+    rows: list[Row] = []
+
+    def row(label: str, wall: tuple | None, cpu: tuple | None, target: float | None) -> None:
+        if wall is not None and wall[0] is not None:
+            rows.append({"label": label, "wall": wall, "cpu": cpu, "target": target})
 
     for key, suffix in (("masked_fit", ""), ("masked_fit_xla", " [XLA fit]")):
         for c in results.get(key, {}).get("comparisons", {}).values():
-            label = f"fit: {c['variant']} / {c['reference']}{suffix}"
-            ratio(label + " (wall)", c["ratio_median"], (c["ratio_min"], c["ratio_max"]), c["target"])
-            ratio(label + " (CPU)", c["cpu_ratio_median"], (c["cpu_ratio_min"], c["cpu_ratio_max"]), c["target"])
-    for key, label in (("masked_step", "custom loop: hold / plain"), ("masked_step_xla", "custom loop XLA: hold / plain")):
+            row(f"fit: {c['variant']} / {c['reference']}{suffix}", (c["ratio_median"], c["ratio_min"], c["ratio_max"]),
+                (c["cpu_ratio_median"], c["cpu_ratio_min"], c["cpu_ratio_max"]), c["target"])
+    for key, label in (("masked_step", "custom loop"), ("masked_step_xla", "custom loop XLA")):
         r = results.get(key, {})
-        if "ratio_hold_over_plain" in r:
-            ratio(label + " (wall)", r["ratio_hold_over_plain"], tuple(r["ratio_hold_over_plain_rounds_min_max"]),
-                  r["target"])
-            ratio(label + " (CPU)", r["cpu_ratio_hold_over_plain"],
-                  tuple(r["cpu_ratio_hold_over_plain_rounds_min_max"]), r["target"])
-    for key, label in (("masked_step", "custom loop: hold_restore / plain"),
-                       ("masked_step_xla", "custom loop XLA: hold_restore / plain")):
-        r = results.get(key, {})
-        if "ratio_hold_restore_over_plain" in r:
-            ratio(label + " (wall)", r["ratio_hold_restore_over_plain"],
-                  tuple(r["ratio_hold_restore_over_plain_rounds_min_max"]), None)
-            ratio(label + " (CPU)", r["cpu_ratio_hold_restore_over_plain"],
-                  tuple(r["cpu_ratio_hold_restore_over_plain_rounds_min_max"]), None)
+        for variant, target in (("hold", r.get("target")), ("hold_restore", None)):
+            name = f"ratio_{variant}_over_plain"
+            if name in r:
+                row(f"{label}: {variant} / plain", (r[name], *r[f"{name}_rounds_min_max"]),
+                    (r[f"cpu_{name}"], *r[f"cpu_{name}_rounds_min_max"]), target)
     r = results.get("masked_mirrored", {})
     if "ratio_hold_over_plain" in r:
-        for key, what in (("ratio_hold_over_plain", "wall"), ("cpu_ratio_hold_over_plain", "CPU")):
-            rounds = r[key.replace("hold_over_plain", "rounds")]
-            ratio(f"MirroredStrategy fit: masked / plain ({what})", r[key], (min(rounds), max(rounds)), r["target"])
+        wall, cpu = r["ratio_rounds"], r["cpu_ratio_rounds"]
+        row("MirroredStrategy fit: masked / plain", (r["ratio_hold_over_plain"], min(wall), max(wall)),
+            (r["cpu_ratio_hold_over_plain"], min(cpu), max(cpu)), r["target"])
     r = results.get("sparse_embedding", {})
     if "ratio_sparse_over_densified" in r:
-        for key, what in (("", "wall"), ("cpu_", "CPU")):
-            ratio(f"sparse state, embedding: sparse gradient / densified ({what})", r[f"{key}ratio_sparse_over_densified"],
-                  tuple(r[f"{key}ratio_sparse_over_densified_rounds_min_max"]), None)
+        row("sparse state, embedding: sparse gradient / densified",
+            (r["ratio_sparse_over_densified"], *r["ratio_sparse_over_densified_rounds_min_max"]),
+            (r["cpu_ratio_sparse_over_densified"], *r["cpu_ratio_sparse_over_densified_rounds_min_max"]), None)
+    notes = []
     m = results.get("masked_fit", {}).get("memory") or {}
     if "hold_mask_bytes_per_masked_entry" in m:
-        lines.append(f"  memory, hold: {m['hold_mask_bytes_per_masked_entry']:.3f} B per masked entry + "
-                     f"{m['hold_unmasked_bytes']} B of unmasked variables (target <= 1 B per masked entry); mask_fn only: "
-                     f"{m.get('mask_fn_mask_bytes')} B in all; inner optimizer bytes equal: {m['inner_bytes_equal']}")
+        notes.append(f"memory, hold: {m['hold_mask_bytes_per_masked_entry']:.3f} B per masked entry + "
+                     f"{m['hold_unmasked_bytes']} B of unmasked variables (target <= 1 B per masked entry); mask_fn "
+                     f"only: {m.get('mask_fn_mask_bytes')} B in all; inner optimizer bytes equal: {m['inner_bytes_equal']}")
     if "sparse_over_dense_fc1_bytes" in m:
         v = m["sparse_over_dense_fc1_bytes"]
-        lines.append(f"  memory, sparse state / dense hold, optimizer bytes for fc1 (1% trainable): {v:.4f}  "
-                     f"target <= 0.03: {'met' if v <= 0.03 else 'NOT met'}")
-    return lines
+        notes.append(f"memory, sparse state / dense hold, optimizer bytes for fc1 (1% trainable): {v:.4f}  "
+                     f"(target <= 0.03: {'met' if v <= 0.03 else 'NOT met'})")
+    return rows, notes
+
+
+def _met(row: Row) -> str:
+    """met (by the wall-time median), met in CPU only, or NOT met; empty without a target."""
+    if row["target"] is None:
+        return ""
+    if row["wall"][0] <= row["target"]:
+        return "met"
+    return "met in CPU time only" if row["cpu"] and row["cpu"][0] <= row["target"] else "NOT met"
+
+
+def _summary(results: dict) -> list[str]:
+    """The summary ``make bench`` prints: one line per ratio, wall and CPU, then the memory notes."""
+    rows, notes = _rows(results)
+    lines = []
+    for r in rows:
+        target = f"  target <= {r['target']}: {_met(r)}" if r["target"] is not None else ""
+        cpu = f"; CPU {r['cpu'][0]:.3f} ({r['cpu'][1]:.3f}-{r['cpu'][2]:.3f})" if r["cpu"] else ""
+        lines.append(f"  {r['label']:<52} wall {r['wall'][0]:.3f} ({r['wall'][1]:.3f}-{r['wall'][2]:.3f}){cpu}{target}")
+    return lines + [f"  {n}" for n in notes]
+
+
+def _markdown(results: dict, context: dict) -> str:
+    """BENCH.md: what ran where, then every ratio with its range over rounds and its target."""
+    rows, notes = _rows(results)
+    load = context["load"]
+    head = [
+        "# Benchmarks: ratios measured side by side in one run",
+        "",
+        "Generated by `make bench` (`bench/run.py --publish results/bench`); do not edit. The JSON beside this file "
+        "holds every number of each benchmark. Each ratio is the median over interleaved rounds of variant / "
+        "reference, each its own compiled model with the same weights and data; the range is over rounds. "
+        "Wall time counts waiting for a core; process CPU time does not. A target is met when the wall-time median "
+        "is at or under it (\"met in CPU time only\": the CPU-time median is).",
+        "",
+        f"- commit: `{context['commit']}`{' (with uncommitted changes)' if context['dirty'] else ''}; "
+        f"finished {context['finished_at']}; {context['seconds']:.0f} s in all",
+        f"- machine: {context['machine']['processor'] or context['machine']['machine']}, "
+        f"{context['machine']['cpus']} cores; TensorFlow {context['versions']['tensorflow']}, "
+        f"Keras {context['versions']['keras']}",
+        f"- load while it ran: {describe(load)}",
+        "",
+        "| ratio | wall time, median (range) | CPU time, median (range) | target |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        cpu = f"{r['cpu'][0]:.3f} ({r['cpu'][1]:.2f}–{r['cpu'][2]:.2f})" if r["cpu"] else ""
+        target = f"≤ {r['target']:g}: {_met(r)}" if r["target"] is not None else ""
+        head.append(f"| {r['label']} | {r['wall'][0]:.3f} ({r['wall'][1]:.2f}–{r['wall'][2]:.2f}) | {cpu} | {target} |")
+    return "\n".join(head + [""] + [f"- {n}" for n in notes] + [""])
+
+
+def _publish(results: dict, context: dict, directory: Path) -> None:
+    """Write BENCH.md and one JSON per benchmark into ``directory``, replacing it whole (never half-written)."""
+    staging = directory.with_name(directory.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for name, result in results.items():
+        (staging / f"{name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    (staging / "context.json").write_text(json.dumps(context, indent=2, default=str) + "\n")
+    (staging / "BENCH.md").write_text(_markdown(results, context))
+    old = directory.with_name(directory.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if directory.exists():
+        directory.rename(old)
+    staging.rename(directory)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _git(*args: str) -> str:
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True).stdout.strip()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmarks named in ``argv`` (all when none): ``python bench/run.py masked_fit parameter_server``."""
-    names = list(sys.argv[1:] if argv is None else argv) or list(BENCHMARKS)
+    """Run the benchmarks named (all when none): ``python bench/run.py masked_fit parameter_server``.
+
+    ``--publish DIR`` (``make bench``; every benchmark must have run, none crashed) writes DIR/BENCH.md and the
+    JSON, with the commit, the machine and its load; otherwise the JSON goes to build/bench/ only.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    publish = None
+    if "--publish" in args:
+        at = args.index("--publish")
+        if at + 1 >= len(args):
+            print("bench/run.py: --publish needs a directory, e.g. --publish results/bench", file=sys.stderr)
+            return 2
+        publish = Path(args[at + 1])
+        del args[at:at + 2]
+    names = args or list(BENCHMARKS)
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         print(f"bench/run.py: unknown benchmark(s) {unknown}; allowed: {', '.join(BENCHMARKS)}", file=sys.stderr)
         return 2
+    if publish is not None and set(names) != set(BENCHMARKS):
+        print(f"bench/run.py: --publish writes the whole table, so it runs every benchmark; leave out the names "
+              f"({', '.join(names)})", file=sys.stderr)
+        return 2
     out = Path(__file__).resolve().parents[1] / "build" / "bench"
     out.mkdir(parents=True, exist_ok=True)
-    machine = {"machine": platform.machine(), "processor": platform.processor(), "cpus": os.cpu_count()}
+    machine = {"machine": platform.machine(), "processor": platform.processor() or _cpu_model(), "cpus": os.cpu_count()}
     results, failed = {}, []
     start = time.perf_counter()
-    for name in names:
-        run = BENCHMARKS[name]
-        print(f"\n== {name} ==", flush=True)
-        began = time.perf_counter()
-        try:
-            result = run()
-        except Exception as e:  # a crash is reported, not hidden; the other benchmarks still run
-            traceback.print_exc()
-            failed.append(name)
-            result = {"error": f"{type(e).__name__}: {e}"}
-        result["seconds"] = time.perf_counter() - began
-        results[name] = result
-        (out / f"{name}.json").write_text(json.dumps({**result, **machine}, indent=2, default=str) + "\n")
-    print(f"\n== summary ({time.perf_counter() - start:.0f} s; load average {os.getloadavg()[0]:.1f} on "
-          f"{os.cpu_count()} cores) ==")
+    with Load() as load:
+        for name in names:
+            run = BENCHMARKS[name]
+            print(f"\n== {name} ==", flush=True)
+            began = time.perf_counter()
+            try:
+                result = run()
+            except Exception as e:  # a crash is reported, not hidden; the other benchmarks still run
+                traceback.print_exc()
+                failed.append(name)
+                result = {"error": f"{type(e).__name__}: {e}"}
+            result["seconds"] = time.perf_counter() - began
+            results[name] = result
+            (out / f"{name}.json").write_text(json.dumps({**result, **machine}, indent=2, default=str) + "\n")
+    seconds = time.perf_counter() - start
+    print(f"\n== summary ({seconds:.0f} s; {describe(load.result)}) ==")
     print("\n".join(_summary(results)))
     if failed:
         print(f"  FAILED (crashed, not a time): {', '.join(failed)}")
-    return 1 if failed else 0
+        if publish is not None:
+            print(f"  {publish} left as it was (a crashed benchmark is not published)")
+        return 1
+    if publish is not None:
+        import keras
+        import tensorflow as tf
+        context = {"commit": _git("rev-parse", "HEAD"), "dirty": bool(_git("status", "--porcelain", "--", "lib", "bench")),
+                   "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                   "seconds": round(seconds, 1), "machine": machine, "load": load.result,
+                   "versions": {"tensorflow": tf.__version__, "keras": keras.__version__}}
+        _publish(results, context, publish)
+        print(f"  published: {publish / 'BENCH.md'}")
+    return 0
+
+
+def _cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ('' where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 if __name__ == "__main__":

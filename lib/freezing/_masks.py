@@ -67,7 +67,8 @@ def to_store(keep: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 def stored_mode(stored: Any) -> Any:
     """The mode of a stored mask variable, read off the mask: eagerly a Python int, in a graph an ``int32`` scalar.
 
-    In a graph the read is O(1): the rank and the first entry, never a reduction over the mask.
+    In a graph the read is O(1): the variable's entry count (from its shape when the step runs) and the first
+    entry, never a reduction over the mask.
 
     >>> stored_mode(tf.Variable(True, shape=tf.TensorShape(None))), stored_mode(tf.Variable([True, True]))
     (0, 2)

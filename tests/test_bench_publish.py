@@ -1,0 +1,72 @@
+"""``bench/run.py``: the published table (BENCH.md and the JSON) and its refusals, on fake benchmarks (nothing timed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def run():
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "bench" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+FIT = {"comparisons": {"hold": {"variant": "hold", "reference": "plain", "ratio_median": 1.04, "ratio_min": 0.98,
+                                "ratio_max": 1.10, "cpu_ratio_median": 1.02, "cpu_ratio_min": 0.99,
+                                "cpu_ratio_max": 1.07, "target": 1.05},
+                       "hold_one": {"variant": "hold_one", "reference": "plain", "ratio_median": 1.08,
+                                    "ratio_min": 1.0, "ratio_max": 1.2, "cpu_ratio_median": 1.01,
+                                    "cpu_ratio_min": 0.9, "cpu_ratio_max": 1.1, "target": 1.02}},
+       "memory": {"hold_mask_bytes_per_masked_entry": 1.0, "hold_unmasked_bytes": 0, "mask_fn_mask_bytes": 8,
+                  "inner_bytes_equal": True, "sparse_over_dense_fc1_bytes": 0.0178}}
+
+
+def test_the_table_has_every_ratio_its_range_and_whether_its_target_is_met(run):
+    rows, notes = run._rows({"masked_fit": FIT})
+    assert [r["label"] for r in rows] == ["fit: hold / plain", "fit: hold_one / plain"]
+    assert [run._met(r) for r in rows] == ["met", "met in CPU time only"]
+    text = run._markdown({"masked_fit": FIT}, {
+        "commit": "abc", "dirty": False, "finished_at": "now", "seconds": 3.0,
+        "machine": {"processor": "CPU X", "machine": "x86_64", "cpus": 2},
+        "load": {"wall_s": 3.0, "cpu_s": 3.0, "cores": 2, "cores_used": 1.0, "loadavg": None, "others_share": 0.5,
+                 "idle": False}, "versions": {"tensorflow": "2.x", "keras": "3.x"}})
+    assert "| fit: hold / plain | 1.040 (0.98–1.10) | 1.020 (0.99–1.07) | ≤ 1.05: met |" in text
+    assert "≤ 1.02: met in CPU time only" in text and "not idle: other processes used 50%" in text
+    assert "0.0178" in "\n".join(notes) and "commit: `abc`" in text
+
+
+def test_publish_replaces_the_directory_and_a_crash_leaves_it_as_it_was(run, tmp_path, monkeypatch, capsys):
+    target = tmp_path / "bench"
+    monkeypatch.setattr(run, "BENCHMARKS", {"masked_fit": lambda: dict(FIT)})
+    assert run.main(["--publish", str(target)]) == 0
+    published = (target / "BENCH.md").read_text()
+    assert "fit: hold / plain" in published
+    assert json.loads((target / "masked_fit.json").read_text())["comparisons"]["hold"]["ratio_median"] == 1.04
+    assert json.loads((target / "context.json").read_text())["load"]["wall_s"] >= 0
+
+    def crash():
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(run, "BENCHMARKS", {"masked_fit": crash})
+    assert run.main(["--publish", str(target)]) == 1
+    assert (target / "BENCH.md").read_text() == published        # nothing half-written, nothing replaced
+    assert "left as it was" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench"]  # no staging left behind
+
+
+def test_bad_arguments_name_what_is_allowed_and_exit_2(run, tmp_path, capsys):
+    assert run.main(["no_such_bench"]) == 2
+    assert "unknown benchmark(s) ['no_such_bench']; allowed: masked_fit" in capsys.readouterr().err
+    assert run.main(["masked_fit", "--publish", str(tmp_path / "b")]) == 2
+    assert "runs every benchmark" in capsys.readouterr().err and not (tmp_path / "b").exists()
+    assert run.main(["--publish"]) == 2
