@@ -316,7 +316,8 @@ def main(argv: list[str] | None = None) -> dict:
             r = [a / b for a, b in zip(table[name], table[ref])]
             c.update({f"{key}ratio_median": statistics.median(r), f"{key}ratio_min": min(r),
                       f"{key}ratio_max": max(r), f"{key}ratio_rounds": r})
-        target = XLA_TARGET if args.jit and ref in ("plain", "plain_adamw") and name != "mask_fn" else TARGETS.get((name, ref))
+        masked = (name, ref) in TARGETS and ref in ("plain", "plain_adamw") and name != "mask_fn"
+        target = XLA_TARGET if args.jit and masked else TARGETS.get((name, ref))  # XLA: each masked variant / its plain
         c["target"] = target
         comparisons[name if ref == _reference(name) else f"{name}/{ref}"] = c
     ms = {name: 1e3 * statistics.median(t) for name, t in per_round.items()}
