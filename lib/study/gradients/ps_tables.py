@@ -159,6 +159,7 @@ HEADERS = {
     "drop_mean": "accuracy lost, mean", "drop_std": "accuracy lost, std",
     "shards_on": "shards on", "frozen_entries": "frozen entries", "frozen_bits_changed": "frozen entries changed (bitwise)",
     "trainable_entries": "trainable entries", "trainable_changed": "trainable entries changed",
+    "tau": "τ [updates late]", "staleness_mean": "mean staleness [updates]",
 }
 """Readable table headers for the report (the CSV keeps the column names ``COLUMNS`` describes)."""
 

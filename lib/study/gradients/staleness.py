@@ -144,14 +144,17 @@ def final_accuracy(curves: pd.DataFrame) -> pd.DataFrame:
 
 
 def staleness_table(curves: pd.DataFrame) -> pd.DataFrame:
-    """Final test accuracy as 'mean ± std' over seeds; rows optimizer x learning rate, columns tau."""
-    from study.report.reporting import format_mean_std
+    """Final test accuracy as 'mean ± std' over seeds (one precision per column); rows optimizer x learning rate,
+    columns τ (updates late)."""
+    from study.report.reporting import common_decimals, format_mean_std
 
     final = final_accuracy(curves)
     grouped = final.groupby(["optimizer", "learning_rate", "tau"])["accuracy"].agg(["mean", "std"]).reset_index()
-    grouped["accuracy"] = [format_mean_std(m, s) for m, s in zip(grouped["mean"], grouped["std"])]
+    decimals = {tau: common_decimals(g["mean"], g["std"]) for tau, g in grouped.groupby("tau")}  # one per column
+    grouped["accuracy"] = [format_mean_std(m, s, decimals=decimals[t])
+                           for m, s, t in zip(grouped["mean"], grouped["std"], grouped["tau"])]
     table = grouped.pivot(index=["optimizer", "learning_rate"], columns="tau", values="accuracy")
-    table.columns = [f"tau={t}" for t in table.columns]
+    table.columns = [f"τ = {t}" for t in table.columns]
     return table
 
 
@@ -237,3 +240,44 @@ def paired_difference(curves: pd.DataFrame, a: str = "adam", b: str = "sgd") -> 
         rows.append({"tau": tau, "mean": float(np.mean(diff)), "std": std, "se": std / np.sqrt(len(diff)),
                      "seeds": len(diff)})
     return pd.DataFrame(rows)
+
+
+def _column(means: Any, stds: Any, most: int = 4) -> list[str]:
+    """A table column of 'mean ± std', every row at the precision the finest row needs, at most ``most`` decimals."""
+    from study.report.reporting import common_decimals, format_mean_std
+
+    means, stds = list(means), list(stds)
+    finite = [(m, s) for m, s in zip(means, stds) if np.isfinite(m)]
+    decimals = common_decimals([m for m, _ in finite], [s for _, s in finite]) if finite else None
+    decimals = None if decimals is None else min(decimals, most)
+    return [format_mean_std(m, s, decimals=decimals) if np.isfinite(m) else "—" for m, s in zip(means, stds)]
+
+
+def dai_display(check: pd.DataFrame) -> pd.DataFrame:
+    """``dai_check`` as the report shows it: rows (optimizer, τ), every cell text, one precision per column.
+
+    A slowdown is shown only where every seed reached the target (otherwise its mean is infinite: "—")."""
+    out = pd.DataFrame(index=pd.MultiIndex.from_frame(check[["optimizer", "tau"]], names=["optimizer", "τ [updates late]"]))
+    out["learning rate"] = [f"{lr:g}" for lr in check["learning_rate"]]
+    out["seeds that reached the target"] = [f"{r} of {n}" for r, n in zip(check["reached"], check["seeds"])]
+    out["slowdown [× the updates at τ = 0], mean ± std"] = _column(check["slowdown_mean"], check["slowdown_std"])
+    out["accuracy lost, mean ± std"] = _column(check["drop_mean"], check["drop_std"], most=3)
+    return out
+
+
+def difference_display(difference: pd.DataFrame, a: str = "adam", b: str = "sgd") -> pd.DataFrame:
+    """``paired_difference`` as the report shows it: rows τ, the paired difference as mean ± std, its standard error."""
+    out = pd.DataFrame(index=pd.Index(difference["tau"], name="τ [updates late]"))
+    out[f"{a}'s accuracy lost minus {b}'s, mean ± std"] = _column(difference["mean"], difference["std"], most=3)
+    out["standard error"] = [f"{se:.3f}" for se in difference["se"]]
+    out["seeds"] = difference["seeds"].to_numpy()
+    return out
+
+
+def tuned_display(tuned: pd.DataFrame) -> pd.DataFrame:
+    """``best_per_tau`` as the report shows it: rows τ, each optimizer's best final accuracy (mean ± std) and rate."""
+    out = pd.DataFrame(index=pd.Index(tuned.index, name="τ [updates late]"))
+    for name in [c for c in tuned.columns if not c.endswith(("_std", "_lr"))]:
+        out[f"{name}: final accuracy, mean ± std"] = _column(tuned[name], tuned[f"{name}_std"], most=3)
+        out[f"{name}: learning rate"] = [f"{lr:g}" for lr in tuned[f"{name}_lr"]]
+    return out

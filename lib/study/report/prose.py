@@ -202,14 +202,15 @@ def count(x: Any) -> str:
     return f"{int(x):,}"
 
 
-def signed(x: Any, digits: int = 2) -> str:
-    """A difference with its sign. ``signed(-0.0151) == '−0.015'``
+def signed(x: Any, digits: int = 2, decimals: int | None = None) -> str:
+    """A difference with its sign, to ``digits`` significant digits or exactly ``decimals`` decimals (as a table
+    column shows it). ``signed(-0.0151) == '−0.015'``
 
-    >>> signed(-0.0151), signed(0.2)
-    ('−0.015', '+0.2')
+    >>> signed(-0.0151), signed(0.2), signed(-0.37213, decimals=3)
+    ('−0.015', '+0.2', '−0.372')
     """
     x = _number(x)
-    return ("−" if x < 0 else "+") + num(abs(x), digits)
+    return ("−" if x < 0 else "+") + (num(abs(x), digits) if decimals is None else fixed(abs(x), decimals))
 
 
 BOUND_STYLES: dict[str, Callable[..., str]] = {"num": num, "sci": sci, "fixed": fixed, "pct": pct, "times": times}
