@@ -113,19 +113,20 @@ def staleness_histograms(runs: Mapping[str, Mapping[str, Any]]) -> plt.Figure:
 
 
 def staleness_curves(curves: pd.DataFrame, best: Mapping[str, float], target: float) -> plt.Figure:
-    """Accuracy against updates for each tau at each optimizer's best tau=0 rate; mean over seeds, band = ±1 std."""
+    """Accuracy against updates for each τ at each optimizer's best τ = 0 rate; mean over seeds, band = ±1 std."""
     optimizers = list(best)
     taus = sorted(curves["tau"].unique())
-    colours = plt.get_cmap("viridis")(np.linspace(0, 0.9, len(taus)))
+    colours = plt.get_cmap("Dark2")(np.arange(len(taus)) % 8)  # distinct hues, and a line style each: neighbours
+    styles = ["-", "--", "-.", ":", (0, (5, 1, 1, 1))]           # in τ must not look alike
     fig, axes = plt.subplots(1, len(optimizers), figsize=(5.2 * len(optimizers), 3.8), sharey=True, squeeze=False)
     for ax, name in zip(axes[0], optimizers):
         mine = curves[(curves["optimizer"] == name) & (curves["learning_rate"] == best[name])]
-        for colour, tau in zip(colours, taus):
+        for i, (colour, tau) in enumerate(zip(colours, taus)):
             stats = mine[mine["tau"] == tau].groupby("updates")["accuracy"].agg(["mean", "std"])
-            ax.plot(stats.index, stats["mean"], color=colour, label=f"τ = {tau}")
+            ax.plot(stats.index, stats["mean"], color=colour, ls=styles[i % len(styles)], lw=1.6, label=f"τ = {tau}")
             ax.fill_between(stats.index, stats["mean"] - stats["std"].fillna(0),
                             stats["mean"] + stats["std"].fillna(0), color=colour, alpha=0.15, lw=0)
-        ax.axhline(target, color="k", ls=":", lw=0.8, label=f"target {target:g}")
+        ax.axhline(target, color="grey", ls="-", lw=0.8, label=f"target {target:g}")
         ax.set(title=f"{name}, learning rate {best[name]:g}", xlabel="updates [count]")
         ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel("test accuracy [fraction]")

@@ -272,17 +272,21 @@ def display_table(summary: pd.DataFrame, values: Sequence[str] | Mapping[str, st
 
 
 def for_display(table: pd.DataFrame, missing: str = "—") -> pd.DataFrame:
-    """``table`` as a report shows it: whole-number float columns as integers, missing cells as ``missing``.
+    """``table`` as a report shows it: whole-number float columns as integers, True/False as yes/no, missing
+    cells as ``missing``.
 
     A column with a missing cell is stored as float (``40.0``, ``NaN``) in the DataFrame and the CSV; a reader
     should see ``40`` and a dash.
 
-    >>> for_display(pd.DataFrame({"kept": [40.0, None], "share": [0.5, None]})).to_dict("list")
-    {'kept': [40, '—'], 'share': [0.5, '—']}
+    >>> for_display(pd.DataFrame({"kept": [40.0, None], "share": [0.5, None], "exact": [True, False]})).to_dict("list")
+    {'kept': [40, '—'], 'share': [0.5, '—'], 'exact': ['yes', 'no']}
     """
     out = table.copy()
     for column in out.columns:
         values = out[column]
+        if values.dropna().map(lambda v: isinstance(v, (bool, np.bool_))).all() and values.notna().any():
+            out[column] = values.map(lambda v: missing if v is None or v != v else ("yes" if v else "no"))
+            continue
         if values.dtype.kind == "f" and values.dropna().apply(float.is_integer).all():
             values = values.astype("Int64")
         out[column] = values.astype(object).where(values.notna(), missing)
