@@ -13,24 +13,17 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from study.recipes.labels import method_label
+
 COLOURS = {"gradient_mask": "tab:red", "naive_gate": "tab:red", "constraint": "tab:orange", "exact": "tab:green",
            "mask_schedule": "tab:green", "recompile_fresh": "tab:blue", "recompile_same": "tab:gray",
            "trainable_flip": "tab:red", "full": "tab:blue", "last_layer": "tab:purple", "sparse": "tab:green",
            "sparse_state": "tab:olive", "lora": "tab:brown"}
-LABELS = {"gradient_mask": "gradient mask", "constraint": "constraint (copy back)", "exact": "exact mask",
-          "naive_gate": "naive gate", "mask_schedule": "MaskSchedule", "recompile_fresh": "recompile, new optimizer",
-          "recompile_same": "recompile, same optimizer", "trainable_flip": "flip trainable, no recompile",
-          "full": "full fine-tuning", "last_layer": "last layer only", "sparse": "sparse (FISH), dense state",
-          "sparse_state": "sparse (FISH), sparse state", "lora": "LoRA (enable_lora)"}
-
-
-def _label(method: str) -> str:
-    return LABELS.get(method, method)
 
 
 def _tick(method: str) -> str:
     """A label broken over two lines, for crowded tick labels."""
-    words = _label(method).split(" ")
+    words = method_label(method).split(" ")
     half = (len(words) + 1) // 2
     return " ".join(words[:half]) + ("\n" + " ".join(words[half:]) if words[half:] else "")
 
@@ -83,7 +76,7 @@ def pruning(runs: pd.DataFrame) -> plt.Figure:
         for k, (method, g) in enumerate(rows.groupby("method", sort=False)):
             s = g.groupby("sparsity")
             x = 100 * np.array(targets) + 0.8 * (k - 1)  # side by side: identical results would hide each other
-            label = "constraint (re-zero)" if method == "constraint" else _label(method)  # pruning re-zeroes
+            label = method_label(method)
             top.errorbar(x, 100 * s["sparsity_kept"].mean().reindex(targets),
                          yerr=100 * s["sparsity_kept"].std().reindex(targets).fillna(0), marker="o",
                          color=COLOURS.get(method), label=label, capsize=3)
@@ -128,14 +121,14 @@ def unfreezing(curves: pd.DataFrame, every: int, layers: Sequence[str]) -> plt.F
     for method, g in ends.groupby("method", sort=False):
         s = g.groupby("epoch")["accuracy"]
         acc_ax.errorbar(s.mean().index + 1, s.mean(), yerr=s.std().fillna(0), marker="o", capsize=3,
-                        color=COLOURS.get(method), label=_label(method))
+                        color=COLOURS.get(method), label=method_label(method))
     first = curves[curves["seed"] == curves["seed"].min()].copy()
     first["t"] = first["epoch"] + np.where(first["when"] == "end", 1.0, 0.0)
     for method, g in first.groupby("method", sort=False):
         same = method == "recompile_same"  # one stage only (it raises at the next): drawn on top, or it is hidden
         mom_ax.plot(g["t"], g["momentum_norm"], marker="s" if same else ".", ms=7 if same else 6,
                     ls="--" if same else "-", zorder=3 if same else 2, color=COLOURS.get(method),
-                    label=_label(method) + (" (one seed; raised at the next stage)" if same else ""), alpha=0.8)
+                    label=method_label(method) + (" (one seed; raised at the next stage)" if same else ""), alpha=0.8)
     stages = len(layers)
     for ax in (acc_ax, mom_ax):
         ax.xaxis.get_major_locator().set_params(integer=True)
@@ -166,7 +159,7 @@ def sparse(runs: pd.DataFrame) -> plt.Figure:
             label = (f"LoRA r={int(g['lora_rank'].iloc[0])}: {int(g['trained_entries'].iloc[0]):,} adapter and bias "
                      f"params ({100 * share:.1f} % of model size)")
         else:
-            label = f"{_label(method)}: {100 * share:.1f} % of entries trained"
+            label = f"{method_label(method)}: {100 * share:.1f} % of entries trained"
         fraction = g["fraction"].iloc[0]
         style = dict(marker="o" if fraction != fraction else "s", ms=7 if method != "sparse_state" else 11,
                      capsize=3, color=COLOURS.get(method), alpha=0.5 + 0.5 * min(share * 10, 1))
@@ -195,7 +188,7 @@ def subnetwork(steps: pd.DataFrame, runs: pd.DataFrame) -> plt.Figure:
         for _, one in g.groupby("seed"):  # thin: each seed
             moved_ax.plot(one["step"], one["cumulative_moved"] / 1e6, color=COLOURS.get(method), lw=0.8, alpha=0.6)
         s = g.groupby("step")["cumulative_moved"]
-        moved_ax.plot(s.mean().index, s.mean() / 1e6, color=COLOURS.get(method), label=_label(method) + " (mean)", lw=2)
+        moved_ax.plot(s.mean().index, s.mean() / 1e6, color=COLOURS.get(method), label=method_label(method) + " (mean)", lw=2)
         last = g[g["step"] == g["step"].max()]["cumulative_moved"]
         if last.mean() > 0 and last.size > 1:
             spreads.append(((last - last.mean()).abs().max() / last.mean(), last.min(), last.max()))

@@ -10,6 +10,7 @@ import pandas as pd
 
 from study.report.prose import pct
 from study.report.reporting import format_count, format_mean_std
+from study.recipes.labels import method_label
 from study.recipes.setup import NEW_COLUMN_METHODS, SUBNET_METHODS, StudyResult
 
 
@@ -126,6 +127,8 @@ def short_error(message: str) -> str:
 def spread_caption(table: pd.DataFrame, seeds: int, note: str = ""):
     """``table`` with a caption saying what its spreads are (a Styler, for display). ``spread_caption(t, 3)``"""
     caption = f"a ± b: mean ± std over {seeds} seeds; a–b: lowest–highest over seeds" + (f"; {note}" if note else "")
+    if "method" in table.index.names:  # the ids as a reader reads them
+        table = table.rename(index=method_label, level="method")
     return table.style.set_caption(caption)
 
 
