@@ -433,7 +433,7 @@ def headline(metrics: dict[str, Any], summary: pd.DataFrame) -> dict[str, str]:
         f"mask only (naive gate), {int(summary['frozen_entries'].max())} frozen entries, {steps} steps after "
         f"freezing; {spread}")
     for r in summary[summary["policy"] == "naive"].itertuples():
-        out[f"{r.optimizer}: frozen entries changed, summed over the steps (count of entry-steps); max |W − W_freeze| "
+        out[f"{optimizer_label(r.optimizer)}: frozen entries changed, summed over the steps (count of entry-steps); max |W − W_freeze| "
             f"at the end (W units)"] = (f"{format_count(r.changed_entries_sum_mean, r.changed_entries_sum_std)}; "
                                         f"{pm(r.max_abs_displacement_mean, r.max_abs_displacement_std)}")
     fixed = summary[summary["policy"] != "naive"]
@@ -441,8 +441,9 @@ def headline(metrics: dict[str, Any], summary: pd.DataFrame) -> dict[str, str]:
         policies = "/".join(dict.fromkeys(fixed["policy"]))
         out[f"MaskedOptimizer {policies}, all {fixed['optimizer'].nunique()} optimizers: frozen entries changed, "
             f"summed over {steps} steps and all seeds (count)"] = f"{metrics['fixed_policies_changed_entries']}"
-    out["Adam's drift predicted from m, v, β₁, β₂, ε, t: max |measured − predicted| / max |measured| (W units)"] = \
-        f"{ceil(metrics['prediction_max_abs_error'], 'sci')} (at most) / {num(metrics['prediction_max_abs_drift'])}"
+    out["Adam's drift predicted from m, v, β₁, β₂, ε, t: largest |measured − predicted|, and largest |measured| "
+        "for scale (W units)"] = \
+        f"at most {ceil(metrics['prediction_max_abs_error'], 'sci')}, against {num(metrics['prediction_max_abs_drift'])}"
     return out
 
 

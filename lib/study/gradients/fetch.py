@@ -161,3 +161,20 @@ def quadratic_with_tensorboard(log_dir: str | Path | None, steps: int = 30, b: f
     if writer is not None:
         writer.flush()
     return pd.DataFrame(rows)
+
+
+def costs_display(costs: pd.DataFrame) -> pd.DataFrame:
+    """``fetch_costs`` as the report shows it: rows (mode, method), text cells; the ratio as the prose quotes it
+    (three significant digits) and every range rounded outward, so that each printed range holds its data.
+
+    ``costs_display(fetch_costs(config))``"""
+    from study.report.prose import ceil, fixed, floor, times
+
+    out = pd.DataFrame(index=pd.MultiIndex.from_frame(costs[["mode", "method"]]))
+    out["median [ms]"] = [fixed(v, 1) for v in costs["ms"]]
+    out["fastest–slowest repeat [ms]"] = [f"{floor(a, 'fixed', 1)}–{ceil(b, 'fixed', 1)}"
+                                          for a, b in zip(costs["ms_min"], costs["ms_max"])]
+    out["ratio to one pass"] = [times(v) for v in costs["ratio_to_one_pass"]]
+    out["ratio's spread over the repeats"] = [f"{floor(a, 'times', 3)}–{ceil(b, 'times', 3)}"
+                                              for a, b in zip(costs["ratio_low"], costs["ratio_high"])]
+    return out

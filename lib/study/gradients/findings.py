@@ -13,6 +13,8 @@ from typing import Any
 
 import pandas as pd
 
+from study.report.prose import ceil, floor, num
+
 NAN = float("nan")
 
 
@@ -169,7 +171,12 @@ def quoted(costs: pd.DataFrame, ps_runs: pd.DataFrame, placement: pd.DataFrame, 
 
 def headline(metrics: dict[str, Any]) -> dict[str, str]:
     """The numbers ``results/SUMMARY.md`` shows for this study. ``headline(metrics)``"""
-    out = {f"{k}: time / one pass in the same mode (ratio)": f"{v['ratio']:.2f}"
+    def ratio(v: dict[str, Any]) -> str:
+        spread = (f" ({floor(v['ratio_low'], 'num', 3)}–{ceil(v['ratio_high'], 'num', 3)})"
+                  if "ratio_low" in v and "ratio_high" in v else "")
+        return f"{num(v['ratio'], 3)}{spread}"
+
+    out = {f"{k}: time / one pass in the same mode (ratio; range over the repeats)": ratio(v)
            for k, v in metrics["fetch_costs"].items() if v["ratio"] != 1.0 or "one" not in k.split("/")[1]}
     error = metrics["exact_update_max_error"]
     out["max |x_after - (x_before - lr*T(g))| on the CNN"] = "0 (exact)" if error == 0 else f"{error:.1e}"
@@ -181,7 +188,7 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
     for tau in (1, 2, 4, 8):
         value = q.get(f"difference_{tau}")
         if isinstance(value, float) and value == value:  # not NaN: this delay was measured
-            out[f"staleness tau = {tau}, each optimizer at its best undelayed learning rate: Adam's accuracy lost "
+            out[f"staleness τ = {tau}, each optimizer at its best undelayed learning rate: Adam's accuracy lost "
                 f"minus SGD's, paired by seed (mean ± se; negative: Adam loses less)"] = \
                 f"{value:+.3f} ± {q[f'difference_se_{tau}']:.3f}"
     f = metrics["fault_accounting"]
@@ -193,7 +200,7 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
 METRIC_KINDS = {
     "config": "constant", "freezing_version": "constant", "data_source": "constant", "cnn_variables": "constant",
     "cnn_parameters": "constant", "train_images": "constant", "cpu_count": "constant",
-    "fetch_costs/**/ms": "timing", "fetch_costs/**/ratio": "timing_ratio", "fetch_spread": "timing_spread",
+    "fetch_costs/**/ms": "timing", "fetch_costs/**/ratio_*": "timing_spread", "fetch_costs/**/ratio": "timing_ratio", "fetch_spread": "timing_spread",
     "downpour_demo/updates": "count", "downpour_demo/staleness_*": "sample", "ps_staleness/*": "sample",
     "ps/*/steps_per_s_std": "timing_spread", "ps/*/steps_per_s": "timing", "ps/*/updates_per_s": "timing",
     "ps/*/worker_cpu_share_min": "timing_ratio", "ps/*/worker_cpu_s_per_step": "timing",

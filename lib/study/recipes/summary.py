@@ -57,8 +57,9 @@ def recipe_metrics(r1: StudyResult, r2: StudyResult, r3: StudyResult, r4: StudyR
                             "momentum_norm_after_min": float(b["norm_after"].min()) if len(b) else float("nan"),
                             "raised_at_stage": None if g["finished"].all() else  # 1-based: the stage whose fit raised
                             int(len(b) / max(g["seed"].nunique(), 1)) + 1,
-                            "step_time_ms": float(g["step_time_ms"].mean()), "seeds": int(g["seed"].nunique()),
-                            "extra_state_bytes": int(g["extra_state_bytes"].max())}
+                            "step_time_ms": float(g["step_time_ms"].mean()),
+                            "step_time_ms_std": float(g["step_time_ms"].std()) if len(g) > 1 else 0.0,
+                            "seeds": int(g["seed"].nunique()), "extra_state_bytes": int(g["extra_state_bytes"].max())}
     return {
         "new_columns": {
             "optimizer": str(new["optimizer"].iloc[0]), "old_entries": int(new["old_entries"].iloc[0]),
@@ -76,7 +77,8 @@ def recipe_metrics(r1: StudyResult, r2: StudyResult, r3: StudyResult, r4: StudyR
                 "trained_entries": int(g["trained_entries"].iloc[0]), "total_entries": int(g["total_entries"].iloc[0]),
                 "acc_new": float(g["acc_new"].mean()), "acc_new_std": float(g["acc_new"].std()),
                 "forgetting": float(g["forgetting"].mean()), "forgetting_std": float(g["forgetting"].std()),
-                "step_time_ms": float(g["step_time_ms"].mean()), "seeds": int(g["seed"].nunique())}
+                "step_time_ms": float(g["step_time_ms"].mean()),
+                "step_time_ms_std": float(g["step_time_ms"].std()) if len(g) > 1 else 0.0, "seeds": int(g["seed"].nunique())}
             for v, g in sp.groupby("variant", sort=False)}},
         "subnetwork": {"p": float(sn["p"].iloc[0]),
                        "methods": per_method(sn, "moved", ["accuracy", "frozen", "moved"]),

@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 
 from study.recipes.summary import method_state_kept
-from study.report.prose import times
+from study.report.prose import ceil, floor, pm, times
 
 
 def _read(results_dir: Path, name: str) -> dict[str, Any]:
@@ -57,16 +57,28 @@ def _ms(value: Any, digits: int = 1) -> str:
     return "n/a" if value is None or value != value else f"{float(value):.{digits}f} ms"
 
 
-def _times(named: Mapping[str, tuple[Any, Any]]) -> str:
-    """Step times of methods compared in one cell: "1.34 ms/step (exact) vs 1.37 ms (gradient mask)", with two
-    decimals, and "; within seed noise" when every gap is under the largest std over seeds (both named).
-    ``named`` maps a method's name to (mean, std) of its step time."""
+def _ms_pm(mean: Any, std: Any) -> str:
+    """A step time as 'mean ± std ms' (std over seeds; the mean alone where there is none), or "n/a".
+
+    >>> _ms_pm(0.9781, 0.0041), _ms_pm(28.1, None), _ms_pm(None, 1.0)
+    ('0.9781 ± 0.0041 ms', '28.1 ms', 'n/a')
+    """
+    mean, std = _number(mean), _number(std)
+    if mean is None:
+        return "n/a"
+    return f"{pm(mean, float('nan') if std is None else std)} ms"
+
+
+def _times(named: Mapping[str, tuple[Any, Any]], unit: str = "step") -> str:
+    """Step times of methods compared in one cell, each 'mean ± std' over seeds: "1.34 ± 0.02 ms/step (exact) vs
+    1.37 ± 0.03 ms (gradient mask)", and "; within seed noise" when every gap is under the largest std over seeds
+    (both named). ``named`` maps a method's name to (mean, std) of its step time."""
     known = {k: (_number(m), _number(sd) or 0.0) for k, (m, sd) in named.items() if _number(m) is not None}
     if not known:
         return "n/a"
     items = list(known.items())
-    text = f"{_ms(items[0][1][0], 2)}/step ({items[0][0]})" + "".join(
-        f" vs {_ms(m, 2)} ({k})" for k, (m, _) in items[1:])
+    text = f"{_ms_pm(*named[items[0][0]])}/{unit} ({items[0][0]})" + "".join(
+        f" vs {_ms_pm(*named[k])} ({k})" for k, _ in items[1:])
     means = [m for m, _ in known.values()]
     widest = max(known.items(), key=lambda item: item[1][1])
     if len(means) > 1 and max(means) - min(means) < widest[1][1]:
@@ -88,7 +100,12 @@ def _prune_times(per_optimizer: Mapping[str, Any]) -> str:
     parts = []
     for o, r in per_optimizer.items():
         exact, grad, con = (_number(_get(r, m, "step_time_ms")) for m in ("exact", "gradient_mask", "constraint"))
-        text = f"under {_name(o)}: {_ms(exact)}/CNN step exact vs {_ms(grad)} gradient mask, {_ms(con)} constraint"
+        def ranged(method: str, mean: float | None) -> str:
+            lo, hi = (_number(_get(r, method, f"step_time_ms_{end}")) for end in ("min", "max"))
+            return _ms(mean) + ("" if lo is None or hi is None else f" (runs {lo:.1f}–{hi:.1f})")
+
+        text = (f"under {_name(o)}: {ranged('exact', exact)}/CNN step exact vs {ranged('gradient_mask', grad)} gradient "
+                f"mask, {ranged('constraint', con)} constraint")
         if exact is not None and grad is not None and exact > grad:
             slowest_grad, fastest_exact = _number(_get(r, "gradient_mask", "step_time_ms_max")), _number(
                 _get(r, "exact", "step_time_ms_min"))
@@ -124,16 +141,19 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
         step = _first(r, "step_time_ms_mean", "ms_per_step")
         if changed is None:
             return missing
-        return f"02 ({method}): {changed:,.0f} frozen conv entries changed, {_ms(step)}/CNN step (Adam)"
+        std = _first(r, "step_time_ms_std")
+        return f"02 ({method}): {changed:,.0f} frozen conv entries changed, {_ms_pm(step, std)}/CNN step (Adam)"
 
     def ft_time(method: str) -> str:
-        step = _first(ft.get(f"adam/{method}"), "step_time_ms_mean", "ms_per_step")
-        return missing if step is None else f"02: {_ms(step)}/CNN step ({method}, Adam)"
+        r = ft.get(f"adam/{method}")
+        step, std = _first(r, "step_time_ms_mean", "ms_per_step"), _first(r, "step_time_ms_std")
+        return missing if step is None else f"02: {_ms_pm(step, std)}/CNN step ({method}, Adam)"
 
     hold02 = _first(_get(s02, "masks", "adam/hold/p=0.5"), "frozen_changed_total_mean", "changed_total")
     gan03 = _first(_get(s03, "runs", "zeroed_gradients/adam"), "g_changed_entries_in_d_step", "g_changed_in_d_step")
     eval04 = _number(_get(s04, "fetch_costs", "TF1 graph/g.eval() per variable", "ratio"))
     exact04 = _number(_get(s04, "exact_update_max_error"))
+    low04, high04 = (_number(_get(s04, "quoted", f"tf1_eval_per_variable_spread_{end}")) for end in ("low", "high"))
 
     def recipe(m: Mapping[str, Any], method: str, key: str = "moved_max") -> Any:
         return _get(m, "methods", method, key)
@@ -151,7 +171,8 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
     sparse_state = next(iter(by_fraction.values()), None)
     def sparse_times(key: str) -> str:
         """Recipe 4's step times of the ``key`` variant ('state_variant' or 'dense_variant') at each budget."""
-        return ", ".join(f"{_ms(recipe(r4, c[key], 'step_time_ms'), 2)}/step ({_pct(c['fraction']).replace('.0%', '%')})"
+        return ", ".join(f"{_ms_pm(recipe(r4, c[key], 'step_time_ms'), recipe(r4, c[key], 'step_time_ms_std'))}/step "
+                         f"({_pct(c['fraction']).replace('.0%', '%')})"
                          for c in by_fraction.values())
 
     un = _get(r3, "methods", "mask_schedule") or {}
@@ -165,8 +186,9 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
         ("change which layers train during one fit (gradual unfreezing)",
          "MaskedOptimizer(hold) + MaskSchedule.gradual_unfreezing",
          f"exact and optimizer state kept at {kept3} stage boundaries",
-         f"{_ms(recipe(r3, 'mask_schedule', 'step_time_ms'))}/MLP step vs {_ms(recipe(r3, 'recompile_fresh', 'step_time_ms'))} "
-         "recompiling (frozen layers' gradients are still computed)",
+         _times({m: (recipe(r3, k, "step_time_ms"), recipe(r3, k, "step_time_ms_std"))
+                 for m, k in (("MaskSchedule", "mask_schedule"), ("recompiling", "recompile_fresh"))}, "MLP step")
+         + " (frozen layers' gradients are still computed)",
          f"{_n(recipe(r3, 'mask_schedule', 'extra_state_bytes'))} bytes in all (a scalar mask per variable)",
          "05 recipe 3; recompiling loses the state, trainable without recompile trains the wrong layers"),
         ("keep some entries of a tensor fixed, fixed mask (new output columns / embedding rows)",
@@ -178,7 +200,8 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
          f"{r1.get('old_entries', '?')} (weight decay)"),
         ("the same job, another way", "a constraint that copies old values back",
          "values exact; the frozen entries' moments keep changing",
-         f"{_ms(recipe(r1, 'constraint', 'step_time_ms'), 2)}/step (compared in the row above)",
+         f"{_ms_pm(recipe(r1, 'constraint', 'step_time_ms'), recipe(r1, 'constraint', 'step_time_ms_std'))}/step "
+         "(compared in the row above)",
          f"{_n(recipe(r1, 'constraint', 'extra_state_bytes'))} bytes (a copy of the values + mask)", "05 recipe 1"),
         ("pruned weights stay zero while fine-tuning", "MaskedOptimizer(hold) + set_mask(fc1.kernel, keep)",
          ("bit-exact: every pruned entry still zero in every run" if still_zero == [1.0] * len(still_zero) and still_zero
@@ -203,9 +226,10 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
          "05 recipe 4; Keras' LoRA at a comparable size changes nearly every kernel entry"),
         ("masks that change every step (random sub-networks, block-coordinate)", "MaskedOptimizer(hold, mask_fn=...)",
          f"exact: {_n(recipe(r5, 'exact'))} frozen entry-steps moved",
-         f"{_ms(recipe(r5, 'exact', 'step_time_ms'))}/step vs {_ms(recipe(r5, 'naive_gate', 'step_time_ms'))} naive gate",
-         f"{_n(recipe(r5, 'exact', 'extra_state_bytes'))} bytes in all: no mask is stored (a placeholder and a mode "
-         "per variable), mask_fn computes each step's masks in the graph",
+         _times({m: (recipe(r5, k, "step_time_ms"), recipe(r5, k, "step_time_ms_std"))
+                 for m, k in (("exact", "exact"), ("naive gate", "naive_gate"))}),
+         f"{_n(recipe(r5, 'exact', 'extra_state_bytes'))} bytes in all: a one-byte placeholder per variable, no mask "
+         "stored; mask_fn computes each step's masks in the graph",
          f"05 recipe 5; the naive gate moved {_n(recipe(r5, 'naive_gate', 'moved_min'))} or more frozen entry-steps "
          "in every seed; 02: "
          + (f"random masks (p = 0.5) held exactly under Adam changed {hold02:,.0f} frozen CNN entries" if hold02 is not None
@@ -213,8 +237,9 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
         ("a zero gradient / stop_gradient mask (what people do today)", "gate(x, keep), tf.where(keep, g, 0)",
          "exact only where a zero gradient gives a zero update (plain SGD, Adagrad; not momentum, Adam or weight decay)",
          (f"{ft_time('gate')} vs {ft_time('var_list')}: the frozen layers' zero gradients are still computed; "
-          f"05 recipe 5: {_ms(recipe(r5, 'naive_gate', 'step_time_ms'))}/step vs "
-          f"{_ms(recipe(r5, 'exact', 'step_time_ms'))} exact") if ft else missing, "none",
+          "05 recipe 5: " + _times({m: (recipe(r5, k, "step_time_ms"), recipe(r5, k, "step_time_ms_std"))
+                                    for m, k in (("naive gate", "naive_gate"), ("exact", "exact"))}))
+         if ft else missing, "none",
          f"01: frozen entries drift under {len(drifting)} of {n_opt} optimizers ({', '.join(drifting)})"
          if drift01 else missing),
         ("alternating steps of two networks (GAN)", "two optimizers, or var_list per step",
@@ -225,7 +250,9 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
         ("transform gradients between compute and apply (parameter server)",
          "freezing.gradients: one tape, transform, apply", "exact update: x_after == x_before - lr*T(g)",
          f"04 (TF1 graph): fetching each variable's gradient with its own g.eval() costs {times(eval04)} fetching them "
-         "all in one sess.run" if eval04 is not None else missing, "none",
+         "all in one sess.run" + (f" ({floor(low04, 'times', 3)} to {ceil(high04, 'times', 3)} over the repeats)"
+                                  if low04 is not None and high04 is not None else "")
+         if eval04 is not None else missing, "none",
          f"04: max error {exact04}" if exact04 is not None else missing),
     ]
     return pd.DataFrame(rows, columns=["task", "method", "guarantee", "time per step", "memory", "evidence"])

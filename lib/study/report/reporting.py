@@ -291,3 +291,27 @@ def for_display(table: pd.DataFrame, missing: str = "—") -> pd.DataFrame:
             values = values.astype("Int64")
         out[column] = values.astype(object).where(values.notna(), missing)
     return out
+
+
+def _parameter_text(value: Any) -> str:
+    """A parameter's value as a reader reads it: lists comma-separated, mappings as 'key: values; ...', None as
+    '(not set)'. ``_parameter_text({"sgd": [0.05, 0.2]}) == "sgd: 0.05, 0.2"``"""
+    if value is None:
+        return "(not set)"
+    if isinstance(value, Mapping):
+        return "; ".join(f"{k}: {_parameter_text(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_parameter_text(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def parameters_table(parameters: Mapping[str, Any]) -> pd.DataFrame:
+    """A study's resolved parameters as a two-column table for the report (names as in its YAML and papermill).
+
+    >>> parameters_table({"seeds": (0, 1), "lrs": {"sgd": [0.05, 0.2]}, "data_path": None})["value"].tolist()
+    ['0, 1', 'sgd: 0.05, 0.2', '(not set)']
+    """
+    return pd.DataFrame({"value": [_parameter_text(v) for v in parameters.values()]},
+                        index=pd.Index(list(parameters), name="parameter"))
