@@ -181,6 +181,7 @@ def run_notebook(notebook: Path, profile: str, out: Path, timeout_s: int,
         duration = time.perf_counter() - started
         metrics_path = staging / "metrics.json"
         metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
+        host, versions = machine(), {**cache.packages(), "platform": platform.platform()}
         entry = {
             "title": cleaned.title,
             "profile": profile,
@@ -190,10 +191,10 @@ def run_notebook(notebook: Path, profile: str, out: Path, timeout_s: int,
             "duration_s": round(duration, 1),
             "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             **git_state(out, notebook.parent),
-            "packages": {**cache.packages(), "platform": platform.platform()},
-            "machine": machine(),
+            "packages": versions,
+            "machine": host,
             "load": load.result,
-            "reproduction": reproduction.against_committed(out, name, staging, profile),
+            "reproduction": reproduction.against_committed(out, name, staging, profile, host, versions),
         }
     except PapermillExecutionError as e:
         shutil.rmtree(staging, ignore_errors=True)

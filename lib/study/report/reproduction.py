@@ -15,6 +15,11 @@ declaration is used for both runs, so a run committed before a kind was declared
 * the notebook finished, so every assertion cell passed; their number is counted from the executed notebook.
 
 ``verdict`` says it in a few words: "identical", "timings differ", "3 values differ; timings differ".
+
+The committed run is the *baseline*: ``against_committed`` also records where it came from (``baseline``: the
+commit it was made at, when, on which machine and package versions, read from the ``manifest.json`` committed
+beside it), and when that machine or those versions differ from the rerun's, the verdict says so: then the bits
+are not expected to match, only the findings.
 The pipeline stores the result in the notebook's manifest entry (``reproduction``) and ``write_report`` renders
 ``REPRODUCTION.md`` from the manifest. ``compare({"a": 1.0}, {"a": 1.0000001})["within"] == 1``
 """
@@ -45,6 +50,8 @@ LARGEST = 5
 """How many of the largest differences a comparison names."""
 EXACT = ("constant", "count", "message", "timing_verdict")
 """Kinds that are equal or differ, never "within"."""
+OTHER_MACHINE = "other machine or versions than the committed run"
+NOT_EXPECTED = "bits not expected to match, only the findings"
 
 
 def _is_number(x: Any) -> bool:
@@ -192,7 +199,11 @@ def verdict(rep: Mapping[str, Any]) -> str:
     """A comparison in a few words: "identical", "timings differ", "2 values differ; 1 within 0.001", ...
 
     Timings differ when any timing's ratio rerun / committed is not exactly 1, or a yes/no computed from timings
-    changed.
+    changed. When ``rep["baseline"]["differs"]`` names a machine setting or package version that differs from the
+    committed run's, the verdict ends with it (``OTHER_MACHINE``).
+
+    >>> verdict({"differ": 2, "baseline": {"differs": ["onednn_in_build: false → true"]}})
+    '2 values differ; other machine or versions than the committed run (onednn_in_build: false → true): bits not expected to match, only the findings'
     """
     parts = []
     if rep.get("differ"):
@@ -205,6 +216,9 @@ def verdict(rep: Mapping[str, Any]) -> str:
     changed = (rep.get("timing_verdicts") or {}).get("changed", 0)
     if (t.get("values") and (t["min_ratio"] != 1 or t["max_ratio"] != 1)) or changed:
         parts.append("timings differ")
+    differs = (rep.get("baseline") or {}).get("differs")
+    if differs:
+        parts.append(f"{OTHER_MACHINE} ({'; '.join(differs)}): {NOT_EXPECTED}")
     return "; ".join(parts) or "identical"
 
 
@@ -239,6 +253,74 @@ def committed_metrics(out: Path, name: str, profile: str | None = None) -> tuple
         return None, f"{source} is not valid JSON"
 
 
+def _git_show(out: Path, rev: str, relative: str) -> str | None:
+    """``git show REV:<out relative to the repository root>/<relative>``, or None."""
+    out = Path(out).resolve()
+    cwd = out if out.is_dir() else out.parent
+    try:
+        root = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=cwd, capture_output=True, text=True,
+                                   check=True).stdout.strip())
+        folder = out.relative_to(root).as_posix()
+        return subprocess.run(["git", "show", f"{rev}:{folder}/{relative}"], cwd=cwd, capture_output=True,
+                              text=True, check=True).stdout
+    except (OSError, ValueError, subprocess.CalledProcessError):
+        return None
+
+
+BASELINE_FIELDS = ("commit", "dirty", "finished_at", "profile", "machine", "packages")
+"""What ``baseline`` records of the committed run, copied from its entry in the committed ``manifest.json``."""
+
+
+def committed_run(out: Path, name: str, rev: str = "HEAD") -> dict[str, Any] | None:
+    """Where the committed result of ``name`` came from: ``BASELINE_FIELDS`` of its entry in ``out/manifest.json``
+    as committed at ``rev``; None when that manifest or entry is missing."""
+    text = _git_show(out, rev, "manifest.json")
+    try:
+        entry = json.loads(text)[name] if text is not None else None
+    except (ValueError, KeyError, TypeError):
+        entry = None
+    if not isinstance(entry, dict):
+        return None
+    return {k: entry[k] for k in BASELINE_FIELDS if k in entry}
+
+
+def differences(baseline: Mapping[str, Any] | None, machine: Mapping[str, Any] | None,
+                packages: Mapping[str, Any] | None) -> list[str]:
+    """What differs between the committed run (``baseline``) and a rerun on ``machine`` with ``packages``: one
+    ``"name: committed → rerun"`` per machine setting or package version (``platform`` included: the kernel and C
+    library). What either run did not record is not compared (``baseline_line`` says "not recorded").
+
+    >>> differences({"machine": {"cpu": "A", "onednn_in_build": False}, "packages": {"keras": "3.15.1"}},
+    ...             {"cpu": "A", "onednn_in_build": True}, {"keras": "3.15.1"})
+    ['onednn_in_build: false → true']
+    >>> differences({"machine": {"cpu": "A"}, "packages": {"keras": "3.15.1"}}, {"cpu": "A"}, {"keras": "3.15.1"})
+    []
+    """
+    found: list[str] = []
+    for field, new in (("machine", machine), ("packages", packages)):
+        old = (baseline or {}).get(field)
+        if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+            continue
+        found += [f"{k}: {json.dumps(old.get(k)) if not isinstance(old.get(k), str) else old.get(k)} → "
+                  f"{json.dumps(new.get(k)) if not isinstance(new.get(k), str) else new.get(k)}"
+                  for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    return found
+
+
+def baseline_line(baseline: Mapping[str, Any] | None) -> str:
+    """The committed run in a few words: its commit, when, and on which machine.
+
+    >>> baseline_line({"commit": "0123456789abcdef", "finished_at": "2026-01-01T00:00:00+00:00",
+    ...                "machine": {"cpu": "A", "cores": 2, "onednn_in_build": False}})
+    'made at 0123456789, 2026-01-01T00:00:00+00:00, on A, 2 cores, oneDNN build off (TF_ENABLE_ONEDNN_OPTS unset)'
+    """
+    if not baseline:
+        return "where and when it was made: not recorded"
+    local = " + local changes" if baseline.get("dirty") else ""
+    return (f"made at {str(baseline.get('commit', '?'))[:10]}{local}, {baseline.get('finished_at', '?')}, on "
+            f"{machine_line(baseline.get('machine'))}")
+
+
 def assertion_cells(executed: Path) -> int:
     """How many code cells of an executed notebook hold an ``assert`` statement (all passed: the run finished)."""
     cells = json.loads(Path(executed).read_text(encoding="utf-8")).get("cells", [])
@@ -255,9 +337,12 @@ def assertion_cells(executed: Path) -> int:
     return count
 
 
-def against_committed(out: Path, name: str, run_folder: Path, profile: str | None = None) -> dict[str, Any]:
+def against_committed(out: Path, name: str, run_folder: Path, profile: str | None = None,
+                      machine: Mapping[str, Any] | None = None,
+                      packages: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The comparison the manifest records for a rerun of ``name`` (on ``profile``) whose outputs are in
-    ``run_folder``."""
+    ``run_folder``; with the rerun's ``machine`` and ``packages``, ``baseline["differs"]`` lists what differs from
+    the committed run's (``differences``)."""
     committed, source = committed_metrics(out, name, profile)
     executed = Path(run_folder) / f"{name}.ipynb"
     result: dict[str, Any] = {"compared_with": source if committed is not None else None,
@@ -268,6 +353,11 @@ def against_committed(out: Path, name: str, run_folder: Path, profile: str | Non
         result["note"] = source if committed is None else "the rerun wrote no metrics.json"
         return result
     result.update(compare(committed, json.loads(metrics_path.read_text())))
+    rev = source.split(":", 1)[0].split()[-1] if source.startswith("HEAD ") else "HEAD"
+    base = committed_run(out, name, rev)
+    result["baseline"] = dict(base or {})
+    if machine is not None or packages is not None:
+        result["baseline"]["differs"] = differences(base, machine, packages)
     return result
 
 
@@ -296,8 +386,57 @@ def load_line(load: Mapping[str, Any] | None) -> str:
     return describe(load)
 
 
+LEGEND = (
+    ("study", "the notebook, as named in `manifest.json`."),
+    ("rerun at", "the commit the rerun ran at (\"+ local changes\" when the working tree differed from it) and "
+                 "when it finished (UTC)."),
+    ("machine", "the rerun's machine: CPU model, cores, whether this TensorFlow build uses oneDNN, and "
+                "`TF_ENABLE_ONEDNN_OPTS`."),
+    ("compared with", "the baseline: the `metrics.json` committed in git `HEAD` when the rerun ran (the hash is "
+                      "that `HEAD`, often the rerun's own commit), and where that committed result was made: its "
+                      "own commit, when, and on which machine, from the `manifest.json` committed beside it."),
+    ("verdict", "the comparison in a few words: \"identical\" (every compared value bit-identical and every "
+                "timing ratio exactly 1), else what differs: \"N values differ\", \"N within 0.001\", \"N only "
+                "committed, M only rerun\", \"timings differ\"; and \"" + OTHER_MACHINE + " (…): " + NOT_EXPECTED
+                + "\" when the committed run's machine settings or package versions (`platform`, the kernel and "
+                "C library, included) are not the rerun's, each named as committed → rerun."),
+    ("values", "how many values were compared: bit-identical + within + differ. Values present in only one of the "
+               "two runs, timings and what is left out are not counted."),
+    ("bit-identical", "equal after the JSON round trip (NaN equals NaN); unordered samples equal as multisets; "
+                      "messages equal once ports and addresses are normalised."),
+    ("within", f"not bit-identical, but `|a − b| ≤ {RTOL:g} · max(|a|, |b|)`: measured numbers only; counts, "
+               "constants and messages are exact or differ."),
+    ("differ", "neither; the largest differences are listed under the table."),
+    ("only committed / only rerun", "values whose name is in one run's `metrics.json` and not the other's (a "
+                                    "metric added or removed between the two commits); in the verdict and under "
+                                    "the table, not in values."),
+    ("assertion cells", "code cells of the executed notebook that hold an `assert`; a notebook that finished "
+                        "passed all of them."),
+    ("timings, rerun / committed", "each timing and ratio of timings of the rerun divided by the committed one: "
+                                   "the median and range over them, and how many there were; 1.00 is the same "
+                                   "speed, below 1 the rerun was faster. Where a yes/no conclusion drawn from "
+                                   "timings changed, how many."),
+    ("load while it ran", "how busy the machine was while the rerun was timed (`study.report.load`): "
+                          "\"idle\" when other processes used at most 10% of the machine's cores (`IDLE_SHARE`); "
+                          "the 1-minute load average (it counts the run's own threads too); the cores the run "
+                          "itself used. Timings from a busy machine say little about the code."),
+    ("left out", "not compared at all: `headline` (it restates other values as text), `kinds` (the declaration "
+                 "itself), the spread of a timing (`timing_spread`: a standard deviation over timed windows or "
+                 "seeds, as noisy as the timings themselves) and text. `manifest.json` counts them per study "
+                 "under `reproduction.left_out`."),
+)
+"""Every column and term of the table, as the legend under it defines them."""
+
+
 def write_report(out: Path) -> Path | None:
-    """Write ``out/REPRODUCTION.md`` from the ``reproduction`` of every manifest entry (unless unchanged)."""
+    """Write ``out/REPRODUCTION.md`` from the ``reproduction`` of every manifest entry (unless unchanged): the table,
+    its legend (``LEGEND``), the largest differences, and ``manifest.json`` field by field
+    (``provenance.MANIFEST_FIELDS``).
+
+    A comparison recorded before ``baseline`` was (no ``baseline`` in the entry) gets it from git: the manifest
+    committed at the ``HEAD`` it was compared with."""
+    from study.report.provenance import manifest_fields_markdown
+
     path = Path(out) / "manifest.json"
     if not path.is_file():
         return None
@@ -306,7 +445,9 @@ def write_report(out: Path) -> Path | None:
         return None  # no rerun has been compared yet
     lines = ["# How close the last reruns came to the committed results", "",
              "Generated by `python -m study.report` each time it reruns a notebook; do not edit. For each study: its "
-             "last rerun's `metrics.json` against the one committed in git `HEAD` when it ran. Each value is "
+             "last rerun's `metrics.json` against the one committed in git `HEAD` when it ran (the *baseline*), "
+             "which was made at an earlier commit, possibly on another machine: the *compared with* column says "
+             "where and when, and the verdict says when the machine or the package versions differ. Each value is "
              "compared as the kind its study declares (`study.report.kinds`): timings and ratios of timings as "
              "ratios rerun / committed (median and range over them), never as bits; the spread of a timing not at "
              "all; unordered samples (such as a list of staleness values) as multisets, and by their distribution "
@@ -315,8 +456,7 @@ def write_report(out: Path) -> Path | None:
              f"difference of {RTOL:g} (`|a − b| ≤ {RTOL:g} · max(|a|, |b|)`, measured numbers only; counts and "
              "constants are exact), or differs. A notebook that finished passed every assertion cell. Where the "
              "machine differs from the committed run's, expect the findings to hold rather than every bit (see the "
-             "README, \"Reruns, the cache and other machines\"). The load column says how busy the machine was "
-             "while the rerun was timed: timings from a busy machine say little about the code.", "",
+             "README, \"Reruns, the cache and other machines\"). Every column is defined under the table.", "",
              "| study | rerun at | machine | compared with | verdict | values | bit-identical | within | differ "
              "| assertion cells | timings, rerun / committed | load while it ran |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -335,23 +475,37 @@ def write_report(out: Path) -> Path | None:
         if rep.get("compared_with") is None:
             lines.append(f"| {name} | {when} | {host} | {rep.get('note', 'nothing')} | | | | | | {passed} | | {load} |")
             continue
+        rep = dict(rep)
+        if "baseline" not in rep:  # recorded before the baseline was: read it from the manifest committed with it
+            rev = str(rep["compared_with"]).split(":", 1)[0].split()[-1]
+            rep["baseline"] = dict(committed_run(out, name, rev) or {})
+        base = dict(rep["baseline"])
+        if "differs" not in base:
+            base["differs"] = differences(rep["baseline"] or None, entry.get("machine"), entry.get("packages"))
+        rep["baseline"] = base
         t = rep.get("timings", {})
         timing = (f"median {t['median_ratio']:.2f} (range {t['min_ratio']:.2f}–{t['max_ratio']:.2f}, "
                   f"{t['values']} timings)" if t.get("values") else "none")
         v = rep.get("timing_verdicts") or {}
         if v.get("changed"):
             timing += f"; {v['changed']} of {v['values']} conclusions drawn from timings changed"
-        lines.append(f"| {name} | {when} | {host} | `{rep['compared_with']}` | {verdict(rep)} | {rep['values']} | "
+        compared = f"`{rep['compared_with']}`, {baseline_line(base or None)}"
+        lines.append(f"| {name} | {when} | {host} | {compared} | {verdict(rep)} | {rep['values']} | "
                      f"{rep['identical']} | {rep['within']} | {rep['differ']} | {passed} | {timing} | {load} |")
         extra = [f"{rep['only_committed']} value(s) only in the committed run"] if rep.get("only_committed") else []
         extra += [f"{rep['only_rerun']} value(s) only in the rerun"] if rep.get("only_rerun") else []
         if rep.get("normalised_messages"):
             extra.append(f"{rep['normalised_messages']} message(s) equal once ports and addresses are normalised")
+        if rep.get("left_out"):
+            extra.append("left out, not compared: " + ", ".join(f"{n} {k}" for k, n in rep["left_out"].items()))
         if rep.get("largest") or extra:
-            details += [f"**{name}**: the largest differences, committed → rerun (relative difference):", ""]
+            details += [f"**{name}**:" + (" the largest differences, committed → rerun (relative difference):"
+                                          if rep.get("largest") else ""), ""]
             details += [f"- `{d['value']}`: {_num(d['committed'])} → {_num(d['rerun'])}"
                         + (f" ({d['relative']:.2g})" if d.get("relative") is not None else "")
                         for d in rep.get("largest", [])]
             details += [f"- {e}" for e in extra] + [""]
-    text = "\n".join(lines + ([""] + details if details else [""]))
+    legend = ["", "What each column and term means:", ""] + [f"- **{term}**: {text}" for term, text in LEGEND]
+    text = "\n".join(lines + legend + ([""] + details if details else [""]) + [""] + manifest_fields_markdown()
+                     + [""])
     return write_text(Path(out) / REPORT, text)
