@@ -43,6 +43,16 @@ def test_the_table_has_every_ratio_its_range_and_whether_its_target_is_met(run):
     assert "| fit: hold / plain | 1.040 (0.98–1.10) | 1.020 (0.99–1.07) | ≤ 1.05: met |" in text
     assert "≤ 1.02: met in CPU time only" in text and "not idle: other processes used 50%" in text
     assert "0.0178" in "\n".join(notes) and "commit: `abc`" in text
+    assert "| fit: hold_one / plain | 1.080 (1.00–1.20) |" in text
+
+
+def test_ranges_are_rounded_outward_so_they_hold_the_median(run):
+    fit = {"comparisons": {"x": {**FIT["comparisons"]["hold"], "ratio_median": 1.049, "ratio_min": 1.049,
+                                 "ratio_max": 1.081}}}
+    text = run._markdown({"masked_fit": fit}, {"commit": "c", "dirty": False, "finished_at": "t", "seconds": 1.0,
+                               "machine": {"processor": "p", "machine": "m", "cpus": 2}, "load": None,
+                               "versions": {"tensorflow": "2", "keras": "3"}})
+    assert "| 1.049 (1.04–1.09) |" in text  # 1.049 rounded to nearest would print 1.05, above its own median
 
 
 def test_publish_replaces_the_directory_and_a_crash_leaves_it_as_it_was(run, tmp_path, monkeypatch, capsys):
