@@ -169,9 +169,11 @@ def test_method_table_shows_pruning_under_every_optimizer_and_04_s_ratio_as_04_p
         {"fetch_costs": {"TF1 graph/g.eval() per variable": {"ratio": 4.2449}}}))
     table = recipes.method_table({"pruning": pruning}, tmp_path).set_index("task")
     row = table.loc["pruned weights stay zero while fine-tuning"]
-    assert "under Adam: 22.0 ms/CNN step exact vs 22.4 ms gradient mask, 21.9 ms constraint" in row["time per step"]
-    assert ("under AdamW: 27.4 ms/CNN step exact vs 24.5 ms gradient mask, 24.8 ms constraint (exact +12% over the "
-            "gradient mask in the mean; every exact-mask run slower than every gradient-mask run)") in row["time per step"]
+    assert ("under Adam, per CNN step: exact 22.0 ms (runs 21.5–22.6) vs gradient mask 22.4 ms (runs 21.9–23.0), "
+            "constraint 21.9 ms (runs 21.4–22.5)") in row["time per step"]
+    assert ("under AdamW, per CNN step: exact 27.4 ms (runs 26.1–28.4) vs gradient mask 24.5 ms (runs 23.9–25.2), "
+            "constraint 24.8 ms (runs 24.0–25.5) (exact +12% over the gradient mask in the mean; every exact-mask run "
+            "slower than every gradient-mask run)") in row["time per step"]
     pruning["per_optimizer"]["adamw"]["exact"] = method(27.36, 24.0, 28.4, 0)  # its fastest run beats a gradient mask's
     table = recipes.method_table({"pruning": pruning}, tmp_path).set_index("task")
     assert ("(exact +12% over the gradient mask in the mean; their runs' ranges overlap, so this may be noise)"
@@ -345,5 +347,5 @@ def test_table_helpers_state_counts_errors_and_timing_noise():
     message = "Unknown variable: <Variable path=mlp/fc2/kernel, shape=(128, 64), dtype=float32>. This optimizer ..."
     assert recipes.short_error(message) == "Unknown variable (mlp/fc2/kernel)" and recipes.short_error("") == ""
     close = _times({"exact": (1.34, 0.015), "gradient mask": (1.37, 0.032)})  # a gap under one std
-    assert close.startswith("1.34 ms/step (exact) vs 1.37 ms (gradient mask)") and "within seed noise" in close
+    assert close.startswith("1.340 ± 0.015 ms/step (exact) vs 1.370 ± 0.032 ms (gradient mask)") and "within seed noise" in close
     assert "noise" not in _times({"a": (1.0, 0.01), "b": (2.0, 0.01)})

@@ -64,9 +64,9 @@ def _ms_pm(mean: Any, std: Any) -> str:
     ('0.9781 ± 0.0041 ms', '28.1 ms', 'n/a')
     """
     mean, std = _number(mean), _number(std)
-    if mean is None:
-        return "n/a"
-    return f"{pm(mean, float('nan') if std is None else std)} ms"
+    if mean is None or std is None:
+        return _ms(mean)
+    return f"{pm(mean, std)} ms"
 
 
 def _times(named: Mapping[str, tuple[Any, Any]], unit: str = "step") -> str:
@@ -102,10 +102,11 @@ def _prune_times(per_optimizer: Mapping[str, Any]) -> str:
         exact, grad, con = (_number(_get(r, m, "step_time_ms")) for m in ("exact", "gradient_mask", "constraint"))
         def ranged(method: str, mean: float | None) -> str:
             lo, hi = (_number(_get(r, method, f"step_time_ms_{end}")) for end in ("min", "max"))
-            return _ms(mean) + ("" if lo is None or hi is None else f" (runs {lo:.1f}–{hi:.1f})")
+            return _ms(mean) + ("" if lo is None or hi is None else
+                                f" (runs {floor(lo, 'fixed', 1)}–{ceil(hi, 'fixed', 1)})")  # outward: holds every run
 
-        text = (f"under {_name(o)}: {ranged('exact', exact)}/CNN step exact vs {ranged('gradient_mask', grad)} gradient "
-                f"mask, {ranged('constraint', con)} constraint")
+        text = (f"under {_name(o)}, per CNN step: exact {ranged('exact', exact)} vs gradient mask "
+                f"{ranged('gradient_mask', grad)}, constraint {ranged('constraint', con)}")
         if exact is not None and grad is not None and exact > grad:
             slowest_grad, fastest_exact = _number(_get(r, "gradient_mask", "step_time_ms_max")), _number(
                 _get(r, "exact", "step_time_ms_min"))
