@@ -230,3 +230,41 @@ def test_one_step_audit_counts_what_could_and_did_move():
                    "max |ΔW| of a frozen entry": 1.0}
     assert cnn.one_step_audit(before, before, keeps, None, [np.zeros(6, bool)])[
         "of them trainable in the step before"] == 0
+
+
+def test_step_times_name_the_slowest_method_only_where_every_run_agrees():
+    steps = _steps_table(True)
+    slow = steps.assign(step_time_ms=steps["step_time_ms"] + 5 * (steps["method"] == "naive"))
+    times = cnn.step_times(slow)
+    assert times["pairs"] == 2 and times["slowest_runs"] == {"naive": 2, "hold": 0}
+    assert times["slowest_every_mean"] == "naive" and times["methods"]["naive"]["runs"] == 2
+    assert times["methods"]["naive"]["mean"] == pytest.approx(17.5) and times["methods"]["hold"]["std"] == 0
+    mixed = slow.copy()
+    mixed.loc[(mixed["method"] == "hold") & (mixed["seed"] == 1), "step_time_ms"] += 100  # hold slowest in seed 1
+    assert cnn.step_times(mixed)["slowest_runs"] == {"naive": 1, "hold": 1}
+
+
+def test_the_naive_and_hold_tables_print_a_mean_as_the_summary_table_does():
+    summary = cnn.masked_summary(_steps_table(True))
+    summary.loc[summary["method"] == "hold", ["accuracy_mean", "accuracy_std"]] = [0.8473, 0.0012]  # needs 4 decimals
+    decimals = cnn.column_decimals(summary, ["accuracy"])["accuracy"]
+    assert decimals == 4
+    shown = cnn.display_table(summary, {"accuracy": "accuracy"}, ["method"])
+    trade = cnn.naive_vs_exact_display(cnn.naive_vs_exact(summary), summary).iloc[0]
+    assert trade["naive accuracy (mean ± std)"] == shown.loc["naive", "accuracy"] == "0.5500 ± 0.0707"
+    assert trade["hold accuracy (mean ± std)"] == shown.loc["hold", "accuracy"] == "0.8473 ± 0.0012"
+    assert trade["naive minus hold"] == "−0.2973"
+    contrast = cnn.hold_vs_reset(summary.replace({"method": {"naive": "reset"}}))
+    assert cnn.hold_vs_reset_display(contrast, summary).iloc[0]["hold"] == "0.8473"
+
+
+def test_a_count_range_shows_one_number_where_every_seed_agrees():
+    import pandas as pd
+
+    rows = pd.DataFrame([{"optimizer": "sgd", "method": "trainable_no_recompile", "seed": s, "acc_new": 0.9,
+                          "acc_old": 0.0, "conv_max_abs_delta": 0.1, "conv_changed_entries": c, "step_time_ms": 1.0}
+                         for s, c in ((0, 52095), (1, 52096), (2, 52096))])
+    summary = cnn.finetune_summary(rows)
+    assert set(summary.columns) == set(cnn.FINETUNE_SUMMARY_COLUMNS)
+    shown = cnn.display_table(summary, ["acc_new"], ["method"], counts={"conv_changed_entries": "changed"})
+    assert shown.iloc[0]["changed"] == "52,095–52,096" == cnn.count_range(52095, 52096)

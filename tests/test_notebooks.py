@@ -159,6 +159,13 @@ def test_02_mnist_cnn_freezing_metrics(smoke_results):
     assert 0.9 * m["conv_entries"] < m["finetune_gate_changed_min"] <= m["finetune_gate_changed_max"] <= m["conv_entries"]
     assert set(m["finetune_gate_time_ratio"]) == set(m["config"]["finetune_optimizers"])
     assert "mask_tradeoff" not in m  # written only by a full-size run, whose finding quotes it
+    # what the findings quote besides: the trap's range over seeds, each table column's decimals, the step times
+    trap = m["finetune_trap_changed"]
+    assert set(trap) == set(m["config"]["finetune_optimizers"]) and all(0 < r["min"] <= r["max"] for r in trap.values())
+    assert set(m["decimals"]) == {"finetune", "masks", "blocks"}
+    step_times = m["mask_step_times"]
+    assert set(step_times["methods"]) == set(m["config"]["mask_methods"])
+    assert sum(step_times["slowest_runs"].values()) == step_times["pairs"] == len(m["config"]["seeds"])
     keys = " | ".join(m["headline"])  # SUMMARY.md covers every section and every optimizer row
     for section, rows in (("fine-tune", ft), ("masks", m["masks"]), ("blocks", m["blocks"])):
         for row in rows:
@@ -232,6 +239,8 @@ def test_03_gan_alternating_metrics(smoke_results):
     assert bias["first"] == pytest.approx(0.943, abs=1e-3) and 1.2 < bias["last"] <= bias["peak"] < 2 ** 0.5
     headline = " ".join(m["headline"])  # every method x optimizer row, with classes seen, is in SUMMARY.md
     assert all(f"{key.replace('/', ', ')}: " in headline for key in runs) and "classes seen" in headline
+    assert set(m["decimals"]) == {"classes_seen", "coverage_entropy", "confidence", "final_d_loss",
+                                  "time_per_iteration_ms"}  # one precision per table column, which the prose uses
 
 
 @pytest.mark.slow  # over 15 s: make test-slow (CI)

@@ -154,9 +154,10 @@ def finetune_study(config: CnnStudyConfig, data: MnistSplits, progress: bool = T
                 record("trainable_no_recompile", pre, timer.times)
         if progress:
             done = pd.DataFrame(rows).query("optimizer == @name")
-            changed = done.groupby("method", sort=False)["conv_changed_entries"].mean()
-            print(f"fine-tune: {name:<9} conv entries changed (mean over {len(config.seeds)} seeds): "
-                  + ", ".join(f"{m} {c:,.0f}" for m, c in changed.items()), flush=True)
+            changed = done.groupby("method", sort=False)["conv_changed_entries"].agg(["min", "max"])
+            print(f"fine-tune: {name:<9} conv entries changed (range over {len(config.seeds)} seeds): "
+                  + ", ".join(f"{m} {lo:,.0f}" if lo == hi else f"{m} {lo:,.0f}–{hi:,.0f}"
+                              for m, (lo, hi) in changed.iterrows()), flush=True)
     return pd.DataFrame(rows)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from study.report.prose import pm
+from study.report.prose import pm, signed
 from study.report.reporting import common_decimals, format_count, format_mean_std
 from study.cnn.finetune import FINETUNE_RUN_COLUMNS
 from study.cnn.masks import STEP_COLUMNS, run_keys
@@ -23,6 +23,8 @@ FINETUNE_SUMMARY_COLUMNS = {
        f"{FINETUNE_RUN_COLUMNS[value]}"
        for value in ("acc_new", "acc_old", "conv_max_abs_delta", "conv_changed_entries", "step_time_ms")
        for stat in ("mean", "std")},
+    **{f"conv_changed_entries_{stat}": f"{stat}imum over seeds of conv_changed_entries: "
+       f"{FINETUNE_RUN_COLUMNS['conv_changed_entries']}" for stat in ("min", "max")},
     "seeds": "number of seeds (runs) averaged (count)",
 }
 
@@ -31,6 +33,7 @@ def finetune_summary(rows: pd.DataFrame) -> pd.DataFrame:
     """Mean ± std over seeds per optimizer x method. ``finetune_summary(finetune_study(cfg, data))``"""
     values = ("acc_new", "acc_old", "conv_max_abs_delta", "conv_changed_entries", "step_time_ms")
     aggs = {f"{v}_{stat}": (v, stat) for v in values for stat in ("mean", "std")}
+    aggs.update({f"conv_changed_entries_{stat}": ("conv_changed_entries", stat) for stat in ("min", "max")})
     return rows.groupby(["optimizer", "method"], sort=False).agg(**aggs, seeds=("seed", "nunique")).reset_index()
 
 
@@ -155,13 +158,19 @@ def hold_vs_reset(summary: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def hold_vs_reset_display(contrast: pd.DataFrame) -> pd.DataFrame:
-    """``hold_vs_reset``'s table as the report shows it: three decimals, ``differs`` as yes / no (— with one seed)."""
+def hold_vs_reset_display(contrast: pd.DataFrame, summary: pd.DataFrame | None = None) -> pd.DataFrame:
+    """``hold_vs_reset``'s table as the report shows it, ``differs`` as yes / no (— with one seed).
+
+    Accuracies, their difference and the std at the decimals the summary's accuracy column is shown with
+    (``column_decimals(summary)``), so that a mean prints here as in the summary table; three without ``summary``.
+    """
+    decimals = (column_decimals(summary, ["accuracy"])["accuracy"] if summary is not None else None)
+    decimals = 3 if decimals is None else decimals
     out = contrast.copy()
     out["p"] = [f"{p:g}" for p in out["p"]] if "p" in out.columns else None
-    for column, spec in (("hold", "{:.3f}"), ("reset", "{:.3f}"), ("difference", "{:+.3f}"),
-                         ("larger std over seeds", "{:.3f}")):
-        out[column] = [spec.format(v) for v in out[column]]
+    for column in ("hold", "reset", "larger std over seeds"):
+        out[column] = [f"{v:.{decimals}f}" for v in out[column]]
+    out["difference"] = [signed(v, decimals=decimals) for v in out["difference"]]
     out["differs"] = ["—" if d != d or d is None else ("yes" if d else "no") for d in out["differs"]]
     out = out.rename(columns={"differs": "differs (|difference| > 2 × larger std)"})
     return out.set_index([k for k in ("optimizer", "p") if k in contrast.columns])
@@ -208,20 +217,74 @@ def naive_vs_exact(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[*index, *list(NAIVE_VS_EXACT_COLUMNS)[2:]])
 
 
-def naive_vs_exact_display(trade: pd.DataFrame) -> pd.DataFrame:
-    """``naive_vs_exact``'s table as the report shows it: accuracies as mean ± std, the share as a percentage."""
+def naive_vs_exact_display(trade: pd.DataFrame, summary: pd.DataFrame | None = None) -> pd.DataFrame:
+    """``naive_vs_exact``'s table as the report shows it: accuracies as mean ± std, the share as a percentage.
+
+    Accuracies (and their difference) and step times at the decimals the summary table's columns are shown with
+    (``column_decimals(summary)``), so that the same mean prints the same in both tables; without ``summary``, one
+    precision per column of this table.
+    """
     out = trade[[k for k in ("optimizer", "p") if k in trade.columns]].copy()
     if "p" in out.columns:
         out["p"] = [f"{p:g}" for p in out["p"]]
+    if summary is not None:
+        decimals = column_decimals(summary, ["accuracy", "step_time_ms"])
+        acc, time = decimals["accuracy"], decimals["step_time_ms"]
+    else:
+        acc = common_decimals([*trade["naive accuracy mean"], *trade["hold accuracy mean"]],
+                              [*trade["naive accuracy std"], *trade["hold accuracy std"]])
+        time = None
     for method in ("naive", "hold"):
-        out[f"{method} accuracy (mean ± std)"] = [pm(m, s) for m, s in zip(trade[f"{method} accuracy mean"],
-                                                                          trade[f"{method} accuracy std"])]
-    out["naive minus hold"] = [f"{v:+.3f}" for v in trade["naive minus hold"]]
+        out[f"{method} accuracy (mean ± std)"] = [pm(m, s, decimals=acc) for m, s in
+                                                  zip(trade[f"{method} accuracy mean"], trade[f"{method} accuracy std"])]
+    out["naive minus hold"] = [signed(v, decimals=3 if acc is None else acc) for v in trade["naive minus hold"]]
     out["share of frozen entry-steps the naive mask moved"] = [
         f"{v:.0%}" for v in trade["share of frozen entry-steps the naive mask moved"]]
     for method in ("naive", "hold"):
-        out[f"{method} median step time (ms)"] = [f"{v:.1f}" for v in trade[f"{method} median step time (ms)"]]
+        out[f"{method} median step time (ms)"] = [f"{v:.{1 if time is None else time}f}"
+                                                  for v in trade[f"{method} median step time (ms)"]]
     return out.set_index([k for k in ("optimizer", "p") if k in trade.columns])
+
+
+def count_range(low: float, high: float) -> str:
+    """A count's range over seeds, as ``display_table`` shows it: one number where every seed agrees.
+
+    >>> count_range(52095, 52096), count_range(0, 0)
+    ('52,095–52,096', '0')
+    """
+    return f"{int(low):,}" if low == high else f"{int(low):,}–{int(high):,}"  # en dash
+
+
+def column_decimals(summary: pd.DataFrame, values: Sequence[str]) -> dict[str, int | None]:
+    """The decimals ``display_table`` shows each ``<value>_mean ± <value>_std`` column of ``summary`` with (one
+    precision per column, ``common_decimals``): what a finding passes to ``pm(..., decimals=)``, ``fixed`` or
+    ``signed(decimals=)`` to quote the table's numbers as the table shows them.
+
+    >>> column_decimals(pd.DataFrame({"acc_mean": [0.9087, 0.9447], "acc_std": [0.0122, 0.0070]}), ["acc"])
+    {'acc': 4}
+    """
+    return {v: common_decimals(list(summary[f"{v}_mean"]), list(summary[f"{v}_std"])) for v in values}
+
+
+def step_times(steps: pd.DataFrame) -> dict[str, Any]:
+    """Each method's step time over its runs (each run's median step, ``masked_runs``), and which method was the
+    slowest, run by run and in the means over seeds.
+
+    ``methods``: per method, the mean and std over its runs (every seed and p) and how many runs; ``slowest_runs``:
+    per method, in how many of the ``pairs`` (optimizer, seed, p) it was the slowest of the methods;
+    ``slowest_every_mean``: the method whose mean over seeds is the largest at every (optimizer, p) of the summary
+    table, or "" where none is. ``step_times(mask_study(cfg, data))``
+    """
+    runs = masked_runs(steps)
+    keys = [k for k in run_keys(steps) if k != "method"]
+    times = runs.groupby("method", sort=False)["step_time_ms"]
+    methods = {m: {"mean": float(t.mean()), "std": float(t.std()), "runs": int(t.size)} for m, t in times}
+    pairs = runs.pivot_table(index=keys, columns="method", values="step_time_ms")
+    slowest = pairs.idxmax(axis=1).value_counts()
+    means = runs.pivot_table(index=[k for k in keys if k != "seed"], columns="method", values="step_time_ms",
+                             aggfunc="mean").idxmax(axis=1)
+    return {"methods": methods, "slowest_runs": {m: int(slowest.get(m, 0)) for m in methods},
+            "pairs": int(len(pairs)), "slowest_every_mean": str(means.iloc[0]) if means.nunique() == 1 else ""}
 
 
 def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame, masks: pd.DataFrame,
@@ -236,8 +299,8 @@ def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame
     acc = common_decimals(list(finetune["acc_new_mean"]), list(finetune["acc_new_std"]))
     for r in finetune.itertuples():
         out[f"fine-tune {r.optimizer}/{r.method}: test accuracy on digits 5-9 (fraction) / "
-            f"frozen conv entries changed at the end (count)"] = \
-            f"{format_mean_std(r.acc_new_mean, r.acc_new_std, decimals=acc)} / {format_count(r.conv_changed_entries_mean, r.conv_changed_entries_std)}"
+            f"frozen conv entries changed at the end (count, range over seeds)"] = \
+            f"{format_mean_std(r.acc_new_mean, r.acc_new_std, decimals=acc)} / {count_range(r.conv_changed_entries_min, r.conv_changed_entries_max)}"
     for name, group in finetune.groupby("optimizer", sort=False):
         out[f"fine-tune {name}: step time (ms), " + " / ".join(group["method"])] = \
             " / ".join(f"{t:.1f}" for t in group["step_time_ms_mean"])
@@ -279,6 +342,11 @@ METRIC_KINDS = {
     "finetune_time_ratio_seeds/*/masked_below_gate": "timing_verdict", "finetune_time_ratio_seeds/*/seeds": "constant",
     "finetune_time_ratio_seeds": "timing_spread", "finetune_time_masked_faster": "timing_verdict",
     "keras_traps[*]/error": "message",
+    "finetune_trap_changed": "count",
+    "decimals/*/step_time_ms": "timing_verdict",
+    "mask_step_times/methods/*/mean": "timing", "mask_step_times/methods/*/std": "timing_spread",
+    "mask_step_times/methods/*/runs": "constant", "mask_step_times/pairs": "constant",
+    "mask_step_times/slowest_runs": "timing_verdict", "mask_step_times/slowest_every_mean": "timing_verdict",
 }
 """What each value of study 02's ``metrics.json`` is (``study.report.kinds``); the rest are measured values."""
 

@@ -517,7 +517,7 @@ def gan_study(config: GanStudyConfig, data: MnistSplits, classifier: keras.Model
                       "the judge sees (of 10); time per iteration", flush=True)
             print(f"gan: {optimizer:<4} {method:<18} {done['g_changed_entries_in_d_step'].mean():,.0f} / "
                   f"{done['d_changed_entries_in_g_step'].mean():,.0f} / {done['gated_changed_entries'].mean():,.0f}; "
-                  f"{done['classes_seen'].mean():.1f} classes; {done['time_per_iteration_ms'].mean():.1f} ms",
+                  f"{done['classes_seen'].mean():.2f} classes; {done['time_per_iteration_ms'].mean():.1f} ms",
                   flush=True)
 
     map_in_processes(train_pairing, jobs, config.processes, threads=1, on_result=collect)

@@ -10,7 +10,10 @@ import pandas as pd
 
 from freezing.selection import select_variables
 from study.gan.alternating import AUDIT_KEYS, Gan, GanStudyConfig, plural
-from study.report.reporting import format_mean_std
+from study.report.reporting import common_decimals, format_mean_std
+
+QUALITY_VALUES = ("classes_seen", "coverage_entropy", "confidence", "final_d_loss", "time_per_iteration_ms")
+"""The summary's mean ± std columns the report's quality tables show, each at one precision (``column_decimals``)."""
 
 
 def network_sizes(config: GanStudyConfig | None = None) -> dict[str, int]:
@@ -53,6 +56,20 @@ def gan_summary(runs: pd.DataFrame) -> pd.DataFrame:
     ).reset_index()
 
 
+def column_decimals(summary: pd.DataFrame, values: tuple[str, ...] = QUALITY_VALUES, digits: int = 2,
+                    fallback: int = 2) -> dict[str, int]:
+    """The decimals each ``<value>_mean ± <value>_std`` column of the quality tables is shown with: one per column
+    (``common_decimals`` at ``digits`` significant digits of the std), ``fallback`` where no row has a spread. The
+    tables, the headline and the findings quote a value with them, so that it prints alike everywhere.
+
+    >>> s = pd.DataFrame({"classes_seen_mean": [9.333, 10.0], "classes_seen_std": [0.577, 0.0]})
+    >>> column_decimals(s, ("classes_seen",))
+    {'classes_seen': 2}
+    """
+    found = {v: common_decimals(list(summary[f"{v}_mean"]), list(summary[f"{v}_std"]), digits) for v in values}
+    return {v: fallback if d is None else d for v, d in found.items()}
+
+
 def bias_correction_effect(logs: pd.DataFrame, beta_1: float = 0.5, beta_2: float = 0.999) -> pd.DataFrame:
     """Adam's bias correction sqrt(1-b2^t)/(1-b1^t) at the G step, shared counter vs G's own, from logged counters."""
     shared = logs[(logs["method"] == "shared_optimizer") & (logs["optimizer"] == "adam")]
@@ -74,6 +91,7 @@ def bias_correction_effect(logs: pd.DataFrame, beta_1: float = 0.5, beta_2: floa
 def headline(summary: pd.DataFrame, classifier_accuracy: float, source: str, iterations: int) -> dict[str, str]:
     """Every method x optimizer row, as text for ``results/SUMMARY.md``. ``headline(s, 0.97, data.source, 600)``"""
     seeds = plural(int(summary["seeds"].max()), "seed")
+    d = column_decimals(summary)
     out = {"data": source, "judge: the Deep MNIST CNN's test accuracy (fraction)": f"{classifier_accuracy:.3f}",
            "how the rows below are summarised": f"changed entry-steps: per-run sums over {iterations} iterations, "
                                                 f"mean over {seeds}; the others: mean ± std over {seeds}"}
@@ -81,13 +99,14 @@ def headline(summary: pd.DataFrame, classifier_accuracy: float, source: str, ite
         out[f"{r.method}, {r.optimizer}: changed entries of frozen G / D / gated part (count of entry-steps); classes "
             f"seen (of 10); coverage entropy (0–1); judge confidence (0–1)"] = (
             f"{r.g_changed_entries_in_d_step:,.0f} / {r.d_changed_entries_in_g_step:,.0f} / {r.gated_changed_entries:,.0f}; "
-            f"{format_mean_std(r.classes_seen_mean, r.classes_seen_std, 2)}; "
-            f"{format_mean_std(r.coverage_entropy_mean, r.coverage_entropy_std, 2)}; "
-            f"{format_mean_std(r.confidence_mean, r.confidence_std, 2)}")
+            f"{format_mean_std(r.classes_seen_mean, r.classes_seen_std, 2, d['classes_seen'])}; "
+            f"{format_mean_std(r.coverage_entropy_mean, r.coverage_entropy_std, 2, d['coverage_entropy'])}; "
+            f"{format_mean_std(r.confidence_mean, r.confidence_std, 2, d['confidence'])}")
     for name in dict.fromkeys(summary["optimizer"]):
         rows = summary[summary["optimizer"] == name]
         out[f"time per iteration under {name} (ms): " + " / ".join(rows["method"])] = " / ".join(
-            format_mean_std(r.time_per_iteration_ms_mean, r.time_per_iteration_ms_std, 2) for r in rows.itertuples())
+            format_mean_std(r.time_per_iteration_ms_mean, r.time_per_iteration_ms_std, 2,
+                            d["time_per_iteration_ms"]) for r in rows.itertuples())
     return out
 
 
@@ -99,5 +118,6 @@ METRIC_KINDS = {
     "runs/**/time_per_iteration_ms": "timing", "runs/**/time_per_iteration_ms_std": "timing_spread",
     "duration_s": "timing",
     "unknown_variable_trap[*]/outcome": "message",
+    "decimals/time_per_iteration_ms": "timing_verdict",
 }
 """What each value of study 03's ``metrics.json`` is (``study.report.kinds``); the rest are measured values."""
