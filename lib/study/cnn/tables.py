@@ -288,10 +288,11 @@ def step_times(steps: pd.DataFrame) -> dict[str, Any]:
 
 
 def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame, masks: pd.DataFrame,
-             blocks: pd.DataFrame, source: str) -> dict[str, str]:
+             blocks: pd.DataFrame, source: str, mask_times: Mapping[str, Any] | None = None) -> dict[str, str]:
     """The numbers ``results/SUMMARY.md`` shows: every section, every optimizer and method, mean ± std over seeds.
 
-    ``headline(cfg, finetune_summary(f), traps, masked_summary(m), masked_summary(b), data.source)``. Keys name
+    ``headline(cfg, finetune_summary(f), traps, masked_summary(m), masked_summary(b), data.source, step_times(m))``
+    (``mask_times``: the masks' step times as the prose quotes them). Keys name
     their units; step times sit under keys containing "time" (left out when reruns are compared).
     """
     seeds = len(config.seeds)
@@ -302,8 +303,8 @@ def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame
             f"frozen conv entries changed at the end (count, range over seeds)"] = \
             f"{format_mean_std(r.acc_new_mean, r.acc_new_std, decimals=acc)} / {count_range(r.conv_changed_entries_min, r.conv_changed_entries_max)}"
     for name, group in finetune.groupby("optimizer", sort=False):
-        out[f"fine-tune {name}: step time (ms), " + " / ".join(group["method"])] = \
-            " / ".join(f"{t:.1f}" for t in group["step_time_ms_mean"])
+        out[f"fine-tune {name}: step time (ms, mean ± std over seeds), " + " / ".join(group["method"])] = \
+            " / ".join(format_mean_std(t, sd) for t, sd in zip(group["step_time_ms_mean"], group["step_time_ms_std"]))
     if len(traps):
         wrong = int(((traps["trained"] == True) & (traps["layer 'a' should"] == "stay")).sum()  # noqa: E712
                     + ((traps["trained"] == False) & (traps["layer 'a' should"] == "train")).sum()  # noqa: E712
@@ -316,8 +317,15 @@ def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame
             f"{format_mean_std(r.accuracy_mean, r.accuracy_std, decimals=acc)} / {format_count(r.frozen_changed_total_mean, r.frozen_changed_total_std)}"
     for name, group in masks.groupby("optimizer", sort=False):
         methods = list(dict.fromkeys(group["method"]))
-        times = group.groupby("method", sort=False)["step_time_ms_mean"].mean()
-        out[f"masks {name}: step time (ms), " + " / ".join(methods)] = " / ".join(f"{times[m]:.1f}" for m in methods)
+        if mask_times is not None and len(masks["optimizer"].unique()) == 1:  # as the prose quotes them
+            t = mask_times["methods"]
+            out[f"masks {name}: step time (ms; mean ± std over every seed and p), " + " / ".join(methods)] = \
+                " / ".join(format_mean_std(t[m]["mean"], t[m]["std"]) for m in methods)
+        else:
+            times = group.groupby("method", sort=False)["step_time_ms_mean"].agg(["mean", "std"])
+            out[f"masks {name}: step time (ms; mean ± std over the p's of each p's mean over seeds), "
+                + " / ".join(methods)] = " / ".join(format_mean_std(times.loc[m, "mean"], times.loc[m, "std"])
+                                                    for m in methods)
     acc = common_decimals(list(blocks["accuracy_mean"]), list(blocks["accuracy_std"])) if len(blocks) else None
     for r in blocks.itertuples():
         out[f"blocks {r.optimizer}/{r.method}: final test accuracy (fraction) / resting entries changed, "
