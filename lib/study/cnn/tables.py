@@ -296,7 +296,9 @@ def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame
     their units; step times sit under keys containing "time" (left out when reruns are compared).
     """
     seeds = len(config.seeds)
-    out = {"data": source, "seeds per row": str(seeds)}
+    out = {"data": source, "seeds per row": str(seeds),
+           "test accuracy below is measured on": f"the first {config.eval_samples:,} test images (of digits 5-9 in "
+                                                 "fine-tuning)"}
     acc = common_decimals(list(finetune["acc_new_mean"]), list(finetune["acc_new_std"]))
     for r in finetune.itertuples():
         out[f"fine-tune {r.optimizer}/{r.method}: test accuracy on digits 5-9 (fraction) / "

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from study.report.prose import ceil, floor, num
+from study.report.prose import ceil, floor, num, signed
 
 NAN = float("nan")
 
@@ -178,6 +178,8 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
 
     out = {f"{k}: time / one pass in the same mode (ratio; range over the repeats)": ratio(v)
            for k, v in metrics["fetch_costs"].items() if v["ratio"] != 1.0 or "one" not in k.split("/")[1]}
+    if metrics.get("data_source"):
+        out = {"data": str(metrics["data_source"]), **out}
     error = metrics["exact_update_max_error"]
     out["max |x_after - (x_before - lr*T(g))| on the CNN"] = "0 (exact)" if error == 0 else f"{error:.1e}"
     for w, r in metrics["ps"].items():
@@ -190,7 +192,7 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
         if isinstance(value, float) and value == value:  # not NaN: this delay was measured
             out[f"staleness τ = {tau}, each optimizer at its best undelayed learning rate: Adam's accuracy lost "
                 f"minus SGD's, paired by seed (mean ± se; negative: Adam loses less)"] = \
-                f"{value:+.3f} ± {q[f'difference_se_{tau}']:.3f}"
+                f"{signed(value, decimals=3)} ± {q[f'difference_se_{tau}']:.3f}"
     f = metrics["fault_accounting"]
     out["faults: updates in the last checkpoint restored / lost with the ps / applied after the last restart"] = \
         f"{f['restored_version']} / {f['lost_with_ps']} / {f['applied_after_restart']}"

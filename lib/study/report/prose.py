@@ -178,14 +178,17 @@ def pm(mean: Any, std: Any, digits: int = 3, decimals: int | None = None) -> str
 
     >>> pm(0.5123, 0.0104), pm(6.98, 0.12), pm(1.005, 0.065), pm(0.5, float("nan")), pm(1280.0, 0.0)
     ('0.512 ± 0.010', '6.98 ± 0.12', '1.005 ± 0.065', '0.5', '1,280 ± 0')
-    >>> pm(0.94467, 0.0101, decimals=4), pm(0.94467, 0.0061, decimals=4)
-    ('0.9447 ± 0.0101', '0.9447 ± 0.0061')
+    >>> pm(0.94467, 0.0101, decimals=4), pm(0.94467, 0.0061, decimals=4), pm(0.4, 3.6e-8)
+    ('0.9447 ± 0.0101', '0.9447 ± 0.0061', '0.400 ± 3.6e-8')
     """
     mean, std = _number(mean), _number(std)
     if std != std:
         return num(mean, digits) if decimals is None else f"{round(mean, decimals):,.{decimals}f}"
     d = pm_decimals(mean, std, digits) if decimals is None else decimals
     if d is None:
+        if std != 0 and math.isfinite(mean) and 1e-4 <= abs(mean) < 1e7:  # a spread far below the mean's digits
+            d = _decimals(mean, digits)
+            return f"{round(mean, d):,.{d}f} ± {num(std, 2)}"
         return f"{num(mean, digits)} ± {num(std, 2)}"
     return f"{round(mean, d):,.{d}f} ± {round(std, d):,.{d}f}"
 

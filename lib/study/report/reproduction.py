@@ -485,7 +485,7 @@ def write_report(out: Path) -> Path | None:
         rep["baseline"] = base
         t = rep.get("timings", {})
         timing = (f"median {t['median_ratio']:.2f} (range {t['min_ratio']:.2f}–{t['max_ratio']:.2f}, "
-                  f"{t['values']} timings)" if t.get("values") else "none")
+                  f"{t['values']} timing{'s' if t['values'] != 1 else ''})" if t.get("values") else "none")
         v = rep.get("timing_verdicts") or {}
         if v.get("changed"):
             timing += f"; {v['changed']} of {v['values']} conclusions drawn from timings changed"
