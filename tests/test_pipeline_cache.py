@@ -14,6 +14,7 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from gitrepo import committed_repo, git
 from study.report import cache, pipeline, reproduction
 from study.report.records import Records
 
@@ -211,33 +212,23 @@ def test_a_changed_output_is_not_reused(tmp_path):
     assert "not the ones it wrote" in records.why_not("01_one", "k" * 64, {"notebook": "x"})
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout
-
-
 def _repo(tmp_path: Path) -> Path:
-    repo = tmp_path / "repo"
-    for path, text in {"lib/study/x.py": "x = 1\n", "notebooks/01_a.ipynb": "{}", "Makefile": "all:\n",
-                       "results/01_a/metrics.json": json.dumps({"acc": 0.5, "n": 3, "loss": 1.0, "step_ms": 10.0,
-                                                                "name": "a", "headline": {"acc": "0.5"}})}.items():
-        (repo / path).parent.mkdir(parents=True, exist_ok=True)
-        (repo / path).write_text(text)
-    _git(repo, "init", "-q")
-    _git(repo, "add", ".")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
-    return repo
+    return committed_repo(tmp_path / "repo", {
+        "lib/study/x.py": "x = 1\n", "notebooks/01_a.ipynb": "{}", "Makefile": "all:\n",
+        "results/01_a/metrics.json": json.dumps({"acc": 0.5, "n": 3, "loss": 1.0, "step_ms": 10.0, "name": "a",
+                                                 "headline": {"acc": "0.5"}})})
 
 
 def test_dirty_covers_the_whole_repository_but_not_the_results_folder(tmp_path):
     repo = _repo(tmp_path)
     out, notebooks = repo / "results", repo / "notebooks"
     clean = pipeline.git_state(out, notebooks)
-    assert clean == {"commit": _git(repo, "rev-parse", "HEAD").strip(), "dirty": False}
+    assert clean == {"commit": git(repo, "rev-parse", "HEAD").strip(), "dirty": False}
     (out / "01_a" / "metrics.json").write_text("{}")  # the run itself writes here
     assert pipeline.git_state(out, notebooks)["dirty"] is False
     (repo / "lib" / "study" / "x.py").write_text("x = 2\n")  # a change under lib/, outside notebooks/
     assert pipeline.git_state(out, notebooks)["dirty"] is True
-    _git(repo, "checkout", "-q", "--", "lib")
+    git(repo, "checkout", "-q", "--", "lib")
     (repo / "lib" / "study" / "new.py").write_text("")  # an untracked module a notebook could import
     assert pipeline.git_state(out, notebooks)["dirty"] is True
 
@@ -263,5 +254,5 @@ def test_a_rerun_is_compared_with_the_committed_metrics(tmp_path):
     text = reproduction.write_report(repo / "results").read_text()
     assert "| 01_a | 0123456789, 2026-01-01T00:00:00+00:00 |" in text
     assert "| 1 value differs; 1 within 0.001; timings differ | 4 | 2 | 1 | 1 | 2, all passed | median 1.20 (range " \
-           "1.20–1.20, 1 timings) | not recorded |" in text
+           "1.20–1.20, 1 timing) | not recorded |" in text
     assert '- `name`: "a" → "b"' in text

@@ -3,9 +3,9 @@ whether the bits could be expected to match; a legend defines every column; ``ma
 by field (``provenance.MANIFEST_FIELDS``), checked here against the committed manifest."""
 
 import json
-import subprocess
 from pathlib import Path
 
+from gitrepo import committed_repo, git
 from study.report import provenance, reproduction
 
 REPO = Path(__file__).resolve().parents[1]
@@ -13,23 +13,12 @@ HOST = {"cpu": "AMD EPYC", "cores": 2, "TF_ENABLE_ONEDNN_OPTS": "unset", "onednn
 PACKAGES = {"python": "3.11.7", "keras": "3.15.1", "platform": "Linux-x"}
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout
-
-
 def _repo(tmp_path: Path, machine: dict) -> Path:
     """A repository whose committed results/ hold one study, made on ``machine`` at an older commit."""
-    repo = tmp_path / "repo"
     committed = {"01_a": {"profile": "full", "commit": "b" * 40, "dirty": False,
                           "finished_at": "2026-01-01T00:00:00+00:00", "machine": machine, "packages": PACKAGES}}
-    for path, text in {"results/01_a/metrics.json": json.dumps({"acc": 0.5, "n": 3}),
-                       "results/manifest.json": json.dumps(committed)}.items():
-        (repo / path).parent.mkdir(parents=True, exist_ok=True)
-        (repo / path).write_text(text)
-    _git(repo, "init", "-q")
-    _git(repo, "add", ".")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
-    return repo
+    return committed_repo(tmp_path / "repo", {"results/01_a/metrics.json": json.dumps({"acc": 0.5, "n": 3}),
+                                              "results/manifest.json": json.dumps(committed)})
 
 
 def _rerun(tmp_path: Path, repo: Path, record_machine: bool = True, staging: str = "staging") -> str:
@@ -38,7 +27,7 @@ def _rerun(tmp_path: Path, repo: Path, record_machine: bool = True, staging: str
     (run / "metrics.json").write_text(json.dumps({"acc": 0.5, "n": 3}))
     rep = (reproduction.against_committed(repo / "results", "01_a", run, "full", HOST, PACKAGES) if record_machine
            else reproduction.against_committed(repo / "results", "01_a", run, "full"))
-    head = _git(repo, "rev-parse", "HEAD").strip()
+    head = git(repo, "rev-parse", "HEAD").strip()
     manifest = {"01_a": {"commit": head, "finished_at": "2026-02-02T00:00:00+00:00", "machine": HOST,
                          "packages": PACKAGES, "reproduction": rep}}
     (repo / "results" / "manifest.json").write_text(json.dumps(manifest))
