@@ -102,6 +102,7 @@ def test_the_staleness_tables_print_learning_rates_alike_and_units_in_parenthese
     tuned = staleness.tuned_display(staleness.best_per_tau(curves))
     tuned = tuned.data if hasattr(tuned, "data") else tuned  # a Styler or a frame
     assert set(dai["learning rate"]) == {"0.01", "0.5"}
+    assert set(staleness.staleness_table(curves).index.get_level_values("learning_rate")) == {"0.01", "0.5"}
     assert set(tuned["adam: learning rate"]) | set(tuned["sgd: learning rate"]) == {"0.01", "0.5"}
     assert "τ (updates late)" in dai.index.names and tuned.index.name == "τ (updates late)"
     assert not any("[" in str(c) for c in [*dai.columns, *tuned.columns])

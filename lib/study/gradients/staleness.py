@@ -144,8 +144,8 @@ def final_accuracy(curves: pd.DataFrame) -> pd.DataFrame:
 
 
 def staleness_table(curves: pd.DataFrame) -> pd.DataFrame:
-    """Final test accuracy as 'mean ± std' over seeds (one precision per column); rows optimizer x learning rate,
-    columns τ (updates late)."""
+    """Final test accuracy as 'mean ± std' over seeds (one precision per column); rows optimizer x learning rate
+    (written as ``dai_display`` and ``tuned_display`` write it), columns τ (updates late)."""
     from study.report.reporting import common_decimals, format_mean_std
 
     final = final_accuracy(curves)
@@ -155,6 +155,7 @@ def staleness_table(curves: pd.DataFrame) -> pd.DataFrame:
                            for m, s, t in zip(grouped["mean"], grouped["std"], grouped["tau"])]
     table = grouped.pivot(index=["optimizer", "learning_rate"], columns="tau", values="accuracy")
     table.columns = [f"τ = {t}" for t in table.columns]
+    table.index = pd.MultiIndex.from_tuples([(o, f"{lr:g}") for o, lr in table.index], names=table.index.names)
     return table
 
 
