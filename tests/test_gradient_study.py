@@ -90,3 +90,28 @@ def test_dai_check_compares_each_optimizer_at_its_best_undelayed_rate():
     assert check.loc[("sgd", 0), "slowdown_mean"] == 1.0
     diff = staleness.paired_difference(curves).set_index("tau")
     assert diff.loc[4, "mean"] == pytest.approx(0.1) and diff.loc[4, "std"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_staleness_tables_print_learning_rates_alike_and_units_in_parentheses():
+    rows = [{"optimizer": name, "learning_rate": lr, "tau": tau, "seed": seed, "updates": updates,
+             "accuracy": 0.9 * updates / 20 - 0.05 * tau + 0.01 * seed}
+            for name, lr in (("sgd", 0.5), ("adam", 0.01)) for tau in (0, 4) for seed in (0, 1)
+            for updates in (10, 20)]
+    curves = pd.DataFrame(rows)
+    dai = staleness.dai_display(staleness.dai_check(curves, target=0.4))
+    tuned = staleness.tuned_display(staleness.best_per_tau(curves))
+    tuned = tuned.data if hasattr(tuned, "data") else tuned  # a Styler or a frame
+    assert set(dai["learning rate"]) == {"0.01", "0.5"}
+    assert set(staleness.staleness_table(curves).index.get_level_values("learning_rate")) == {"0.01", "0.5"}
+    assert set(tuned["adam: learning rate"]) | set(tuned["sgd: learning rate"]) == {"0.01", "0.5"}
+    assert "τ (updates late)" in dai.index.names and tuned.index.name == "τ (updates late)"
+    assert not any("[" in str(c) for c in [*dai.columns, *tuned.columns])
+
+
+def test_readable_tables_separate_thousands():
+    from study.gradients import ps_tables
+
+    shown = ps_tables.readable(pd.DataFrame({"variable": ["fc1/kernel"], "frozen_entries": [25122],
+                                             "bytes": [6422528]}))
+    assert list(shown.iloc[0]) == ["fc1/kernel", "25,122", "6,422,528"]
+    assert list(shown.columns) == ["variable", "frozen entries", "bytes"]

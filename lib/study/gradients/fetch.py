@@ -171,8 +171,8 @@ def costs_display(costs: pd.DataFrame) -> pd.DataFrame:
     from study.report.prose import ceil, fixed, floor, times
 
     out = pd.DataFrame(index=pd.MultiIndex.from_frame(costs[["mode", "method"]]))
-    out["median [ms]"] = [fixed(v, 1) for v in costs["ms"]]
-    out["fastest–slowest repeat [ms]"] = [f"{floor(a, 'fixed', 1)}–{ceil(b, 'fixed', 1)}"
+    out["median (ms)"] = [fixed(v, 1) for v in costs["ms"]]
+    out["fastest–slowest repeat (ms)"] = [f"{floor(a, 'fixed', 1)}–{ceil(b, 'fixed', 1)}"
                                           for a, b in zip(costs["ms_min"], costs["ms_max"])]
     out["ratio to one pass"] = [times(v) for v in costs["ratio_to_one_pass"]]
     out["ratio's spread over the repeats"] = [f"{floor(a, 'times', 3)}–{ceil(b, 'times', 3)}"

@@ -55,16 +55,18 @@ def fetch_numbers(costs: pd.DataFrame) -> dict[str, Any]:
 def cluster_numbers(ps_runs: pd.DataFrame, placement: pd.DataFrame) -> dict[str, float]:
     """The 1- and 2-worker cluster runs side by side, and where the largest variable lives.
 
-    Returns staleness, final accuracy and worker CPU time per step (ms) for each worker count, their ratio, the
-    largest variable's name and size (MB) and the MB each ps task holds.
+    Returns staleness, final accuracy, updates applied and worker CPU time per step (ms) for each worker count, their
+    ratio, the largest variable's name and size (MB) and the MB each ps task holds.
 
     >>> runs = pd.DataFrame({"workers": [1, 2], "staleness_mean": [0.0, 0.9], "final_accuracy": [0.92, 0.94],
-    ...                      "worker_cpu_s_per_step": [0.118, 0.119]})
+    ...                      "worker_cpu_s_per_step": [0.118, 0.119], "applied_updates": [150, 150]})
     >>> place = pd.DataFrame({"variable": ["m/fc1/kernel", "m/fc1/kernel", "m/b"], "task": ["ps:0", "ps:1", "ps:0"],
     ...                       "bytes": [6_000_000, 6_000_000, 40]})
     >>> q = cluster_numbers(runs, place)
     >>> round(q["worker_cpu_ratio"], 3), q["largest_variable"], q["largest_variable_mb"], q["largest_variable_shards"]
     (1.008, 'm/fc1/kernel', 12.0, 2)
+    >>> q["updates_1"], q["updates_2"]
+    (150, 150)
     """
     rows = ps_runs.set_index("workers")
     out: dict[str, Any] = {}
@@ -72,6 +74,8 @@ def cluster_numbers(ps_runs: pd.DataFrame, placement: pd.DataFrame) -> dict[str,
         out[f"staleness_{w}"] = _at(rows, w, "staleness_mean")
         out[f"accuracy_{w}"] = _at(rows, w, "final_accuracy")
         out[f"worker_cpu_ms_{w}"] = 1e3 * _at(rows, w, "worker_cpu_s_per_step")
+        updates = _at(rows, w, "applied_updates")
+        out[f"updates_{w}"] = int(updates) if math.isfinite(updates) else NAN
     out["accuracy_gap"] = abs(out["accuracy_2"] - out["accuracy_1"])
     out["worker_cpu_ratio"] = out["worker_cpu_ms_2"] / out["worker_cpu_ms_1"]
     per_variable = placement.groupby("variable", sort=False)["bytes"].agg(["sum", "count"])
@@ -222,6 +226,7 @@ METRIC_KINDS = {
     "quoted/model_mb": "constant", "quoted/mb_per_task": "constant", "quoted/n_smallest": "constant",
     "quoted/n_largest": "constant", "quoted/updates_smallest": "constant", "quoted/updates_largest": "constant",
     "quoted/sweep_steps": "constant", "quoted/accuracy_*": "accuracy",
+    "quoted/updates_1": "count", "quoted/updates_2": "count",
     "duration_s": "timing",
 }
 """What each value of study 04's ``metrics.json`` is (``study.report.kinds``); the rest are measured values

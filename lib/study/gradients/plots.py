@@ -191,7 +191,7 @@ def fault_timeline(result: Mapping[str, Any]) -> plt.Figure:
         ax.barh(i, kept - start, left=start, height=0.5, color="C0", alpha=0.8, label=once("updates applied and kept"))
         if kept < end:
             ax.barh(i, end - kept, left=kept, height=0.5, color="C3", hatch="//", alpha=0.5,
-                    label=once("applied after the last checkpoint, lost with the kill, redone by the next attempt"))
+                    label=once("applied after the last checkpoint, lost with the kill,\nredone by the next attempt"))
         upper = starts[i + 1] if i + 1 < len(starts) else end  # the latest checkpoint before a kill is resumed
         mine = [v for v in checkpoints if start < v <= upper]
         ax.plot(mine, [i] * len(mine), ls="none", marker="|", ms=16, mew=2, color="k", zorder=4,
@@ -200,15 +200,15 @@ def fault_timeline(result: Mapping[str, Any]) -> plt.Figure:
             estimated = restarts[i].get("version_at_failure") is None  # the killed chief's own count died with it
             if estimated:
                 ax.plot([end, end], [i - 0.34, i + 0.34], ls=":", lw=1.6, color="C3", zorder=5,
-                        label=once("end estimated: the launcher's last reading before the kill (not exact)"))
-            ax.annotate(f"{restarts[i]['killed']} killed" + (f" (≈{end}, estimated)" if estimated else ""),
+                        label=once("end estimated: the launcher's last reading\nbefore the kill (not exact)"))
+            ax.annotate(f"{restarts[i]['killed']} killed at " + (f"≈{end} (estimated)" if estimated else f"{end} (exact)"),
                         (end, i), xytext=(4, 8), textcoords="offset points", fontsize=8, color="C3")
     for fault in result["faults"]:
         if fault["killed"].startswith("worker"):
             seen = int(fault.get("version_seen") or 0)
             row = next((i for i, (a, b) in enumerate(zip(starts, ends)) if a <= seen <= b), 0)
             ax.plot(seen, row - 0.3, ls="none", marker="X", ms=9, color="C1", zorder=3,  # above the bar's ticks
-                    label=once(f"{fault['killed']} killed (its function re-ran; nothing lost)"))
+                    label=once(f"{fault['killed']} killed at ≈{seen} (its function re-ran;\nnothing lost)"))
     ax.set_yticks(range(len(starts)), [f"attempt {i + 1}\n(from {s})" for i, s in enumerate(starts)])
     ax.set_ylim(len(starts) - 0.5, -0.75)  # inverted, with room above the first bar for a worker's kill marker
     ax.set(xlabel="updates on the ps [count]", xlim=(0, 1.04 * max(ends)))

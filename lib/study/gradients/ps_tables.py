@@ -75,11 +75,11 @@ def placement_table(result: Mapping[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-RUN_DISPLAY = {  # ps_table column -> the report's header (units in brackets); CPU seconds are shown in ms
+RUN_DISPLAY = {  # ps_table column -> the report's header (units in parentheses); CPU seconds are shown in ms
     "workers": "workers", "n_push": "n_fetch = n_push", "steps": "steps (minibatches)", "applied_updates": "updates applied",
-    "steps_per_s": "steps/s (mean ± std over timed windows)", "staleness_mean": "mean staleness [updates]",
-    "staleness_max": "max staleness [updates]", "final_accuracy": "final test accuracy",
-    "worker_cpu_s_per_step": "worker CPU per step [ms]", "ps_cpu_s_per_step": "ps CPU per step [ms]",
+    "steps_per_s": "steps/s (mean ± std over timed windows)", "staleness_mean": "mean staleness (updates)",
+    "staleness_max": "max staleness (updates)", "final_accuracy": "final test accuracy",
+    "worker_cpu_s_per_step": "worker CPU per step (ms)", "ps_cpu_s_per_step": "ps CPU per step (ms)",
     "worker_cpu_share_min": "smallest share of a core a worker got",
     "samples_shared_between_workers": "samples both workers read",
 }
@@ -152,27 +152,36 @@ def fault_accounting(result: Mapping[str, Any]) -> pd.DataFrame:
 
 
 HEADERS = {
-    "ms": "median time [ms]", "ms_min": "fastest repeat [ms]", "ms_max": "slowest repeat [ms]",
+    "ms": "median time (ms)", "ms_min": "fastest repeat (ms)", "ms_max": "slowest repeat (ms)",
     "ratio_to_one_pass": "ratio to one pass", "ratio_low": "ratio, low end", "ratio_high": "ratio, high end",
     "learning_rate": "learning rate", "reached": "seeds that reached the target",
-    "slowdown_mean": "slowdown, mean [ratio of updates]", "slowdown_std": "slowdown, std",
+    "slowdown_mean": "slowdown, mean (ratio of updates)", "slowdown_std": "slowdown, std",
     "drop_mean": "accuracy lost, mean", "drop_std": "accuracy lost, std",
     "shards_on": "shards on", "frozen_entries": "frozen entries", "frozen_bits_changed": "frozen entries changed (bitwise)",
     "trainable_entries": "trainable entries", "trainable_changed": "trainable entries changed",
-    "tau": "τ [updates late]", "staleness_mean": "mean staleness [updates]",
+    "tau": "τ (updates late)", "staleness_mean": "mean staleness (updates)",
 }
 """Readable table headers for the report (the CSV keeps the column names ``COLUMNS`` describes)."""
 
 
 def readable(table: pd.DataFrame) -> pd.DataFrame:
     """``table`` with readable headers (``HEADERS``; any other ``a_b`` as ``a b``, ``adam_lr`` as ``adam learning
-    rate``), for display only. ``readable(frozen_table(run))``"""
+    rate``) and whole-number columns with thousands separators, as the prose writes them; for display only.
+    ``readable(frozen_table(run))``
+
+    >>> readable(pd.DataFrame({"variable": ["fc1/kernel"], "frozen_entries": [25122]}))
+         variable frozen entries
+    0  fc1/kernel         25,122
+    """
     def name(column: Any) -> Any:
         if not isinstance(column, str):
             return column
         return HEADERS.get(column, column.replace("_lr", " learning rate").replace("_", " "))
 
     out = table.rename(columns=name)
+    for column in out.columns:
+        if pd.api.types.is_integer_dtype(out[column].dtype):
+            out[column] = [f"{int(v):,}" for v in out[column]]
     names = [name(n) for n in out.index.names]
     out.index = out.index.set_names(names if isinstance(out.index, pd.MultiIndex) else names[0])
     return out

@@ -144,8 +144,8 @@ def final_accuracy(curves: pd.DataFrame) -> pd.DataFrame:
 
 
 def staleness_table(curves: pd.DataFrame) -> pd.DataFrame:
-    """Final test accuracy as 'mean ± std' over seeds (one precision per column); rows optimizer x learning rate,
-    columns τ (updates late)."""
+    """Final test accuracy as 'mean ± std' over seeds (one precision per column); rows optimizer x learning rate
+    (written as ``dai_display`` and ``tuned_display`` write it), columns τ (updates late)."""
     from study.report.reporting import common_decimals, format_mean_std
 
     final = final_accuracy(curves)
@@ -155,6 +155,7 @@ def staleness_table(curves: pd.DataFrame) -> pd.DataFrame:
                            for m, s, t in zip(grouped["mean"], grouped["std"], grouped["tau"])]
     table = grouped.pivot(index=["optimizer", "learning_rate"], columns="tau", values="accuracy")
     table.columns = [f"τ = {t}" for t in table.columns]
+    table.index = pd.MultiIndex.from_tuples([(o, f"{lr:g}") for o, lr in table.index], names=table.index.names)
     return table
 
 
@@ -257,17 +258,17 @@ def dai_display(check: pd.DataFrame) -> pd.DataFrame:
     """``dai_check`` as the report shows it: rows (optimizer, τ), every cell text, one precision per column.
 
     A slowdown is shown only where every seed reached the target (otherwise its mean is infinite: "—")."""
-    out = pd.DataFrame(index=pd.MultiIndex.from_frame(check[["optimizer", "tau"]], names=["optimizer", "τ [updates late]"]))
+    out = pd.DataFrame(index=pd.MultiIndex.from_frame(check[["optimizer", "tau"]], names=["optimizer", "τ (updates late)"]))
     out["learning rate"] = [f"{lr:g}" for lr in check["learning_rate"]]
     out["seeds that reached the target"] = [f"{r} of {n}" for r, n in zip(check["reached"], check["seeds"])]
-    out["slowdown [× the updates at τ = 0], mean ± std"] = _column(check["slowdown_mean"], check["slowdown_std"])
+    out["slowdown (× the updates at τ = 0), mean ± std"] = _column(check["slowdown_mean"], check["slowdown_std"])
     out["accuracy lost, mean ± std"] = _column(check["drop_mean"], check["drop_std"], most=3)
     return out
 
 
 def difference_display(difference: pd.DataFrame, a: str = "adam", b: str = "sgd") -> pd.DataFrame:
     """``paired_difference`` as the report shows it: rows τ, the paired difference as mean ± std, its standard error."""
-    out = pd.DataFrame(index=pd.Index(difference["tau"], name="τ [updates late]"))
+    out = pd.DataFrame(index=pd.Index(difference["tau"], name="τ (updates late)"))
     out[f"{a}'s accuracy lost minus {b}'s, mean ± std"] = _column(difference["mean"], difference["std"], most=3)
     out["standard error"] = [f"{se:.3f}" for se in difference["se"]]
     out["seeds"] = difference["seeds"].to_numpy()
@@ -276,7 +277,7 @@ def difference_display(difference: pd.DataFrame, a: str = "adam", b: str = "sgd"
 
 def tuned_display(tuned: pd.DataFrame) -> pd.DataFrame:
     """``best_per_tau`` as the report shows it: rows τ, each optimizer's best final accuracy (mean ± std) and rate."""
-    out = pd.DataFrame(index=pd.Index(tuned.index, name="τ [updates late]"))
+    out = pd.DataFrame(index=pd.Index(tuned.index, name="τ (updates late)"))
     for name in [c for c in tuned.columns if not c.endswith(("_std", "_lr"))]:
         out[f"{name}: final accuracy, mean ± std"] = _column(tuned[name], tuned[f"{name}_std"], most=3)
         out[f"{name}: learning rate"] = [f"{lr:g}" for lr in tuned[f"{name}_lr"]]
