@@ -10,7 +10,7 @@ import pandas as pd
 
 from study.report.prose import pct
 from study.report.reporting import format_count, format_mean_std
-from study.recipes.labels import method_label
+from study.recipes.labels import method_label, optimizer_name
 from study.recipes.setup import NEW_COLUMN_METHODS, SUBNET_METHODS, StudyResult
 
 
@@ -192,7 +192,6 @@ _LABELS = {"gradient_mask": "gradient mask (zeroed gradient)", "constraint": "re
            "mask_schedule": "MaskSchedule in one fit", "recompile_fresh": "recompile with a new optimizer per stage",
            "trainable_flip": "flip trainable between fits, no recompile", "full": "full fine-tuning",
            "last_layer": "last layer only", "sparse": "FISH-selected", "sparse_state": "FISH-selected"}
-_OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW"}
 
 
 def _sparse_label(variant: str, r: Mapping[str, Any]) -> str:
@@ -214,7 +213,7 @@ def headline(metrics: Mapping[str, Any], source: str) -> dict[str, str]:
     r1, r2, r3, r4, r5 = (metrics[k] for k in ("new_columns", "pruning", "unfreezing", "sparse", "subnetwork"))
     m1, m3, m5 = r1["methods"], r3["methods"], r5["methods"]
     out = {"data": source}
-    opt1 = _OPTIMIZERS.get(r1["optimizer"], r1["optimizer"])
+    opt1 = optimizer_name(r1["optimizer"])
     out[f"Recipe 1 (new output columns), {opt1}: old entries changed, max over seeds (of {r1['old_entries']:,}), "
         "gradient mask / copy-back constraint / exact mask"] = " / ".join(
             f"{m1[m]['moved_max']:,}" for m in NEW_COLUMN_METHODS)
@@ -225,7 +224,7 @@ def headline(metrics: Mapping[str, Any], source: str) -> dict[str, str]:
     for key, row in r2["by_optimizer"].items():
         name, method, sparsity = key.split("/")
         if float(sparsity) == top:
-            label = (f"Recipe 2 (pruning fc1 to {pct(float(sparsity), 0)}), fine-tuned by {_OPTIMIZERS.get(name, name)} with the "
+            label = (f"Recipe 2 (pruning fc1 to {pct(float(sparsity), 0)}), fine-tuned by {optimizer_name(name)} with the "
                      f"dense run's state, {_LABELS.get(method, method)}")
             out[f"{label}: pruned entries moved (of {row['pruned']:,}) / test accuracy / median step time (ms), "
                 "mean ± std over seeds"] = (
