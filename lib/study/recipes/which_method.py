@@ -115,10 +115,10 @@ def _prune_times(per_optimizer: Mapping[str, Any]) -> str:
 def _constraint_bytes(total: Any, parts: Mapping[str, Any] | None) -> str:
     """Recipe 1's copy-back constraint state: its bytes, split into the float copy and the mask where known.
 
-    >>> _constraint_bytes(2620, {"copy": 2600, "mask": 20}), _constraint_bytes(2620, None)
+    >>> _constraint_bytes(2620, {"values": 2600, "mask": 20}), _constraint_bytes(2620, None)
     ('2,620 bytes: a float copy of the head (2,600) and its mask (20)', '2,620 bytes (a copy of the values + mask)')
     """
-    copy, mask = _get(parts or {}, "copy"), _get(parts or {}, "mask")
+    copy, mask = _get(parts or {}, "values"), _get(parts or {}, "mask")
     if _number(copy) is None or _number(mask) is None or _number(total) != copy + mask:
         return f"{_n(total)} bytes (a copy of the values + mask)"
     return f"{_n(total)} bytes: a float copy of the head ({_n(copy)}) and its mask ({_n(mask)})"
