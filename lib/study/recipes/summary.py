@@ -140,15 +140,20 @@ def spread_caption(table: pd.DataFrame, seeds: int, note: str = ""):
 def value_ranges(groups: Any, digits: int = 3) -> pd.Series:
     """Each group's range of values as text, 'lowest–highest' rounded outward (one number where they agree), every
     group of the column at one precision: the decimals that give the smallest non-zero value ``digits`` significant
-    digits; whole numbers with thousands separators. ``groups``: a ``SeriesGroupBy``. ``value_ranges(b.groupby("method")["norm_after"])``
+    digits; whole numbers with thousands separators. ``groups``: a ``SeriesGroupBy``, or a ``DataFrameGroupBy`` whose
+    columns share one precision (columns of one quantity). ``value_ranges(b.groupby("method")["norm_after"])``
 
     >>> value_ranges(pd.Series([2.14, 4.75, 1.4, 4.75, 0.0, 0.0]).groupby([0, 0, 1, 1, 2, 2])).tolist()
     ['2.14–4.75', '1.40–4.75', '0.00']
     >>> value_ranges(pd.Series([15, 30, 1500]).groupby([0, 0, 1])).tolist()
     ['15–30', '1,500']
+    >>> value_ranges(pd.DataFrame({"a": [0.925, 1.398], "b": [1.17, 2.33]}).groupby([0, 0])).values.tolist()
+    [['0.925–1.398', '1.170–2.330']]
     """
-    values = groups.obj
-    whole = pd.api.types.is_integer_dtype(values)
+    lows = groups.min()  # the selected columns only (obj may also hold the keys)
+    frame = groups.obj[list(lows.columns)] if isinstance(lows, pd.DataFrame) else groups.obj.to_frame()
+    values = frame.to_numpy().ravel()
+    whole = all(pd.api.types.is_integer_dtype(t) for t in frame.dtypes)
     nonzero = [abs(float(v)) for v in values if v == v and v != 0]
     d = 0 if whole or not nonzero else max(digits - 1 - int(np.floor(np.log10(min(nonzero)))), 0)
 
