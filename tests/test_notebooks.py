@@ -199,6 +199,12 @@ def test_05_recipes_prose_metrics(smoke_results):
     layout = m["new_columns_mask_layout"]  # the exact mask's bytes, as the prose breaks them down: nothing else stored
     assert set(layout) == {"kernel", "bias"}
     assert layout["kernel"] + layout["bias"] == m["new_columns"]["methods"]["exact"]["extra_state_bytes"]
+    split = m["new_columns_constraint_bytes"]  # the constraint's bytes as the prose splits them: copy and mask
+    assert split["values"] + split["mask"] == m["new_columns"]["methods"]["constraint"]["extra_state_bytes"]
+    assert m["pruning"]["per_optimizer"]["adam"]["exact"]["extra_state_bytes"] == (
+        m["fc1_kernel_entries"] + m["cnn_variables"] - 1)  # 1 byte per fc1 kernel entry, 1 per other variable
+    assert set(m["decimals"]) == {"new_columns", "pruning", "unfreezing", "sparse", "subnetwork"}
+    assert m["optimizer_names"]["adamw"] == "AdamW"
     ladder = m["sparse_ladder"]  # the budget ordering the prose states: from the run, in increasing budget
     assert ladder["entries"] == sorted(ladder["entries"]) and set(ladder["rises"]) == {"acc_new", "forgetting"}
 

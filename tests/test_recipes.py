@@ -184,6 +184,44 @@ def test_method_table_shows_pruning_under_every_optimizer_and_04_s_ratio_as_04_p
                                                           "server)", "time per step"]
 
 
+def test_method_table_splits_mask_and_copy_bytes_from_the_numbers(tmp_path):
+    exact = {"extra_state_bytes": 3211271, "moved_min": 0, "still_zero_min": 1.0}
+    metrics = {"pruning": {"headline_optimizer": "adam", "per_optimizer": {"adam": {"exact": exact}}},
+               "new_columns": {"optimizer": "adamw", "old_entries": 325, "methods": {
+                   "constraint": {"extra_state_bytes": 2620}, "gradient_mask": {"moved_min": 325}}},
+               "fc1_kernel_entries": 3211264, "cnn_variables": 8,
+               "new_columns_constraint_bytes": {"values": 2600, "mask": 20}}
+    table = recipes.method_table(metrics, tmp_path).set_index("task")
+    assert table.loc["pruned weights stay zero while fine-tuning", "memory"] == (
+        "3,211,271 bytes of masks: 1 per fc1 kernel entry (3,211,264) and a one-byte mask for each of the CNN's 7 "
+        "other variables")
+    assert table.loc["the same job, another way", "memory"] == (
+        "2,620 bytes: a float copy of the head (2,600) and its mask (20)")
+    assert "a gradient mask under AdamW moved 325 of 325" in " ".join(table["evidence"])  # a name, not the id
+
+
+def test_headline_quotes_each_table_column_at_its_decimals():
+    import pandas as pd
+
+    summary = pd.DataFrame({"accuracy_mean": [0.8973, 0.9020], "accuracy_std": [0.0108, 0.0046]})
+    decimals = recipes.column_decimals(summary, ["accuracy"])
+    assert decimals == {"accuracy": 4}  # the table shows 0.8973 ± 0.0108; pm alone would print 0.897 ± 0.011
+    run = {"moved": 1.0, "moved_std": 0.0, "frozen": 2.0, "frozen_std": 0.0, "accuracy": 0.8973,
+           "accuracy_std": 0.0108}
+    metrics = {"new_columns": {"optimizer": "adamw", "old_entries": 1, "methods": {
+                   m: {"moved_max": 0, "acc_new": 0.5, "acc_new_std": 0.1, "acc_old": 0.5, "acc_old_std": 0.1}
+                   for m in recipes.NEW_COLUMN_METHODS}},
+               "pruning": {"by_optimizer": {"adam/exact/0.9": {
+                   "pruned": 9, "moved_mean": 0.0, "moved_std": 0.0, "acc_finetuned": 0.9, "acc_finetuned_std": 0.01,
+                   "step_time_ms": 26.56, "step_time_ms_std": 1.05}}}, "unfreezing": {"methods": {}}, "sparse": {"methods": {}},
+               "subnetwork": {"p": 0.5, "methods": {m: run for m in recipes.SUBNET_METHODS}},
+               "decimals": {"subnetwork": decimals, "pruning": {"step_time_ms": 2}}}
+    headline = recipes.headline(metrics, "data")
+    rows = [v for k, v in headline.items() if k.startswith("Recipe 5 ")]
+    assert rows and all(v.endswith(" / 0.8973 ± 0.0108") for v in rows), rows
+    assert next(v for k, v in headline.items() if k.startswith("Recipe 2 ")).endswith(" / 26.56 ± 1.05")  # not 26.6 ± 1.1
+
+
 @pytest.mark.slow  # over 4 s: make test-slow (CI)
 def test_subnetwork_study_reruns_bit_identically():
     from study.data import MnistSplits

@@ -31,7 +31,7 @@ from study.recipes.setup import (  # noqa: F401
     PRUNED_LAYER, COLUMNS, RecipesConfig, mlp, body_layers, extend_head, CopyBack, StepAudit, old_new,
     Pretrained, pretrain_mlps, StudyResult,
 )
-from study.recipes.labels import LABELS, method_label  # noqa: F401
+from study.recipes.labels import LABELS, OPTIMIZER_NAMES, method_label, optimizer_name  # noqa: F401
 from study.recipes.new_columns import new_columns_study  # noqa: F401
 from study.recipes.pruning import (  # noqa: F401
     magnitude_mask, CnnState, pretrain_cnns, load_cnn_state, dense_cnn, pruning_study,
@@ -41,6 +41,7 @@ from study.recipes.sparse import fish_masks, squared_gradients, sparse_study  # 
 from study.recipes.subnetwork import RandomUnits, subnetwork_study  # noqa: F401
 from study.recipes.summary import (  # noqa: F401
     summarize, recipe_metrics, headline, state_kept_text, short_error, spread_caption, METRIC_KINDS,
+    column_decimals, value_ranges,
 )
 from study.recipes.which_method import method_table  # noqa: F401
 from study.report.reporting import display_table  # noqa: F401

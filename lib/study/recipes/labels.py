@@ -21,3 +21,16 @@ def method_label(method: str) -> str:
     ('recompile, same optimizer', 'no_such_method')
     """
     return LABELS.get(method, method)
+
+
+OPTIMIZER_NAMES = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "momentum": "SGD with momentum"}
+"""Optimizer id (as in the config and the CSVs) -> the name a reader sees."""
+
+
+def optimizer_name(optimizer: str) -> str:
+    """An optimizer's name as prose and tables show it (``OPTIMIZER_NAMES``; an unknown id as it is).
+
+    >>> optimizer_name("adamw"), optimizer_name("lion")
+    ('AdamW', 'lion')
+    """
+    return OPTIMIZER_NAMES.get(optimizer, optimizer)

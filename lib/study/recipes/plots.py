@@ -153,17 +153,23 @@ def sparse(runs: pd.DataFrame) -> plt.Figure:
     left panel (hollow markers).
     """
     fig, (ax, cost) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [1.2, 1]})
+    budgets = sorted({f for f in runs["fraction"] if f == f})  # sparse budgets, and LoRA ranks: one look each
+    ranks = sorted({int(r) for r in runs["lora_rank"] if r == r})
     for (method, variant), g in runs.groupby(["method", "variant"], sort=False):
         share = g["trained_entries"].iloc[0] / g["total_entries"].iloc[0]
         if method == "lora":  # LoRA trains adapters, yet changes nearly every entry: say what the share counts
-            label = (f"LoRA r={int(g['lora_rank'].iloc[0])}: {int(g['trained_entries'].iloc[0]):,} adapter and bias "
-                     f"params ({100 * share:.1f} % of model size)")
+            rank = int(g["lora_rank"].iloc[0])
+            label = (f"LoRA r={rank}: {int(g['trained_entries'].iloc[0]):,} adapter and bias "
+                     f"params ({100 * share:.1f}% of model size)")
+            colour, marker = _pick(_LORA_LOOKS, ranks.index(rank))
+        elif method in ("sparse", "sparse_state"):
+            label = f"{method_label(method)}: {100 * share:.1f}% of entries trained"
+            colour, marker = _pick(_SPARSE_LOOKS, budgets.index(g["fraction"].iloc[0]))
         else:
-            label = f"{method_label(method)}: {100 * share:.1f} % of entries trained"
-        fraction = g["fraction"].iloc[0]
-        style = dict(marker="o" if fraction != fraction else "s", ms=7 if method != "sparse_state" else 11,
-                     capsize=3, color=COLOURS.get(method), alpha=0.5 + 0.5 * min(share * 10, 1))
-        if method == "sparse_state":
+            label = f"{method_label(method)}: {100 * share:.1f}% of entries trained"
+            colour, marker = COLOURS.get(method), "o"
+        style = dict(marker=marker, ms=7 if method != "sparse_state" else 13, capsize=3, color=colour, ls="none")
+        if method == "sparse_state":  # on the dense state's point: a hollow ring around it, in the budget's colour
             style.update(mfc="none", mew=1.5)
         std = (lambda c: g[c].std() if len(g) > 1 else 0)
         ax.errorbar(g["forgetting"].mean(), g["acc_new"].mean(), xerr=std("forgetting"), yerr=std("acc_new"),
@@ -180,6 +186,15 @@ def sparse(runs: pd.DataFrame) -> plt.Figure:
     return fig
 
 
+_SPARSE_LOOKS = [("tab:green", "s"), ("tab:cyan", "D"), ("tab:olive", "p")]  # per sparse budget, smallest first
+_LORA_LOOKS = [("tab:brown", "^"), ("tab:red", "v"), ("tab:pink", "<")]     # per LoRA rank, smallest first
+
+
+def _pick(looks: Sequence[tuple[str, str]], i: int) -> tuple[str, str]:
+    """The colour and marker of the ``i``-th budget or rank (the last look repeats beyond the list)."""
+    return looks[min(i, len(looks) - 1)]
+
+
 def subnetwork(steps: pd.DataFrame, runs: pd.DataFrame) -> plt.Figure:
     """Recipe 5: moved frozen entries accumulated over steps, and final accuracy, per method. ``subnetwork(steps, runs)``"""
     fig, (moved_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1.6, 1]})
@@ -194,11 +209,12 @@ def subnetwork(steps: pd.DataFrame, runs: pd.DataFrame) -> plt.Figure:
             spreads.append(((last - last.mean()).abs().max() / last.mean(), last.min(), last.max()))
     worst = max(spreads) if spreads else None  # the largest |total - mean| / mean over methods
     # a bound, so rounded up: 0.44% reads "within 0.5%"
-    note = (f"seeds' totals within {np.ceil(1000 * worst[0]) / 10:.1f}% of their mean ({worst[1] / 1e6:.2f}–{worst[2] / 1e6:.2f} M), "
-            "so their lines overlap" if worst else "")
+    note = "thin lines: each seed" + (
+        f";\nseeds' totals within {np.ceil(1000 * worst[0]) / 10:.1f}% of their mean "
+        f"({worst[1] / 1e6:.2f}–{worst[2] / 1e6:.2f} M),\nso their lines overlap" if worst else "")
     moved_ax.set(xlabel="training step", ylabel="frozen entry-steps that moved\n(cumulative, millions)",
-                 title="Frozen entries that moved, summed over steps\n(thin lines: each seed" + (f";\n{note})" if note else ")"))
-    moved_ax.legend(fontsize=8)
+                 title="Frozen entries that moved, summed over steps")
+    moved_ax.legend(fontsize=8, loc="upper left", title=note, title_fontsize=8, alignment="left")
     methods = list(dict.fromkeys(runs["method"]))
     g = runs.groupby("method", sort=False)["accuracy"]
     xs = np.arange(len(methods))

@@ -6,11 +6,13 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from study.report.prose import pct
+from study.cnn.tables import column_decimals  # noqa: F401  (re-exported: each table column's decimals)
+from study.report.prose import ceil, fixed, floor, pct
 from study.report.reporting import format_count, format_mean_std
-from study.recipes.labels import method_label
+from study.recipes.labels import method_label, optimizer_name
 from study.recipes.setup import NEW_COLUMN_METHODS, SUBNET_METHODS, StudyResult
 
 
@@ -72,7 +74,8 @@ def recipe_metrics(r1: StudyResult, r2: StudyResult, r3: StudyResult, r4: StudyR
         "sparse": {"methods": {
             v: {
                 "outside_max": int(g["changed_outside_selection"].max()), "changed_mean": float(g["changed"].mean()),
-                "method": str(g["method"].iloc[0]), "fraction": _float_or_none(g["fraction"].iloc[0]),
+                "method": str(g["method"].iloc[0]), "label": method_label(v),  # the name a reader sees
+                "fraction": _float_or_none(g["fraction"].iloc[0]),
                 "lora_rank": None if g["lora_rank"].isna().all() else int(g["lora_rank"].iloc[0]),
                 "trained_entries": int(g["trained_entries"].iloc[0]), "total_entries": int(g["total_entries"].iloc[0]),
                 "acc_new": float(g["acc_new"].mean()), "acc_new_std": float(g["acc_new"].std()),
@@ -134,6 +137,34 @@ def spread_caption(table: pd.DataFrame, seeds: int, note: str = ""):
     return table.style.set_caption(caption)
 
 
+def value_ranges(groups: Any, digits: int = 3) -> pd.Series:
+    """Each group's range of values as text, 'lowest–highest' rounded outward (one number where they agree), every
+    group of the column at one precision: the decimals that give the smallest non-zero value ``digits`` significant
+    digits; whole numbers with thousands separators. ``groups``: a ``SeriesGroupBy``, or a ``DataFrameGroupBy`` whose
+    columns share one precision (columns of one quantity). ``value_ranges(b.groupby("method")["norm_after"])``
+
+    >>> value_ranges(pd.Series([2.14, 4.75, 1.4, 4.75, 0.0, 0.0]).groupby([0, 0, 1, 1, 2, 2])).tolist()
+    ['2.14–4.75', '1.40–4.75', '0.00']
+    >>> value_ranges(pd.Series([15, 30, 1500]).groupby([0, 0, 1])).tolist()
+    ['15–30', '1,500']
+    >>> value_ranges(pd.DataFrame({"a": [0.925, 1.398], "b": [1.17, 2.33]}).groupby([0, 0])).values.tolist()
+    [['0.925–1.398', '1.170–2.330']]
+    """
+    lows = groups.min()  # the selected columns only (obj may also hold the keys)
+    frame = groups.obj[list(lows.columns)] if isinstance(lows, pd.DataFrame) else groups.obj.to_frame()
+    values = frame.to_numpy().ravel()
+    whole = all(pd.api.types.is_integer_dtype(t) for t in frame.dtypes)
+    nonzero = [abs(float(v)) for v in values if v == v and v != 0]
+    d = 0 if whole or not nonzero else max(digits - 1 - int(np.floor(np.log10(min(nonzero)))), 0)
+
+    def text(lo: Any, hi: Any) -> str:
+        if whole:
+            return f"{int(lo):,}" if lo == hi else f"{int(lo):,}–{int(hi):,}"
+        return fixed(lo, d) if lo == hi else f"{floor(lo, 'fixed', d)}–{ceil(hi, 'fixed', d)}"  # outward: holds all
+
+    return groups.agg(lambda x: text(x.min(), x.max()))
+
+
 def _float_or_none(x: Any) -> float | None:
     return None if x is None or x != x else float(x)
 
@@ -192,7 +223,6 @@ _LABELS = {"gradient_mask": "gradient mask (zeroed gradient)", "constraint": "re
            "mask_schedule": "MaskSchedule in one fit", "recompile_fresh": "recompile with a new optimizer per stage",
            "trainable_flip": "flip trainable between fits, no recompile", "full": "full fine-tuning",
            "last_layer": "last layer only", "sparse": "FISH-selected", "sparse_state": "FISH-selected"}
-_OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW"}
 
 
 def _sparse_label(variant: str, r: Mapping[str, Any]) -> str:
@@ -213,31 +243,34 @@ def headline(metrics: Mapping[str, Any], source: str) -> dict[str, str]:
     """
     r1, r2, r3, r4, r5 = (metrics[k] for k in ("new_columns", "pruning", "unfreezing", "sparse", "subnetwork"))
     m1, m3, m5 = r1["methods"], r3["methods"], r5["methods"]
+    decimals = metrics.get("decimals") or {}  # each table column's decimals: a mean prints here as in its table
+
+    def pm(r: Mapping[str, Any], value: str, recipe: str, mean: str | None = None) -> str:
+        return format_mean_std(r[mean or value], r[f"{value}_std"], decimals=(decimals.get(recipe) or {}).get(value))
+
     out = {"data": source}
-    opt1 = _OPTIMIZERS.get(r1["optimizer"], r1["optimizer"])
+    opt1 = optimizer_name(r1["optimizer"])
     out[f"Recipe 1 (new output columns), {opt1}: old entries changed, max over seeds (of {r1['old_entries']:,}), "
         "gradient mask / copy-back constraint / exact mask"] = " / ".join(
             f"{m1[m]['moved_max']:,}" for m in NEW_COLUMN_METHODS)
     out[f"Recipe 1 (new output columns), {opt1}, exact mask: test accuracy on digits 5-9 / 0-4 (10-way), mean ± std"] = \
-        f"{format_mean_std(m1['exact']['acc_new'], m1['exact']['acc_new_std'])} / " \
-        f"{format_mean_std(m1['exact']['acc_old'], m1['exact']['acc_old_std'])}"
+        f"{pm(m1['exact'], 'acc_new', 'new_columns')} / {pm(m1['exact'], 'acc_old', 'new_columns')}"
     top = max(float(k.split("/")[2]) for k in r2["by_optimizer"])
     for key, row in r2["by_optimizer"].items():
         name, method, sparsity = key.split("/")
         if float(sparsity) == top:
-            label = (f"Recipe 2 (pruning fc1 to {pct(float(sparsity), 0)}), fine-tuned by {_OPTIMIZERS.get(name, name)} with the "
+            label = (f"Recipe 2 (pruning fc1 to {pct(float(sparsity), 0)}), fine-tuned by {optimizer_name(name)} with the "
                      f"dense run's state, {_LABELS.get(method, method)}")
             out[f"{label}: pruned entries moved (of {row['pruned']:,}) / test accuracy / median step time (ms), "
                 "mean ± std over seeds"] = (
                 f"{format_count(row['moved_mean'], row['moved_std'])} / "
-                f"{format_mean_std(row['acc_finetuned'], row['acc_finetuned_std'])} / "
-                f"{format_mean_std(row['step_time_ms'], row['step_time_ms_std'])}")
+                f"{pm(row, 'acc_finetuned', 'pruning')} / {pm(row, 'step_time_ms', 'pruning')}")
     for method in ("mask_schedule", "recompile_fresh", "trainable_flip"):
         if method in m3:
             r = m3[method]
             kept = method_state_kept(r, trained=r["unfrozen_trained"])
             out[f"Recipe 3 (gradual unfreezing), {_LABELS[method]}: test accuracy on 5-9 (mean ± std) / stage "
-                "boundaries with the optimizer state kept"] = f"{format_mean_std(r['acc_new'], r['acc_new_std'])} / {kept}"
+                "boundaries with the optimizer state kept"] = f"{pm(r, 'acc_new', 'unfreezing')} / {kept}"
     if "recompile_same" in m3:
         r = m3["recompile_same"]
         error = r["error"].split(":")[0]
@@ -246,8 +279,7 @@ def headline(metrics: Mapping[str, Any], source: str) -> dict[str, str]:
     for variant, r in r4["methods"].items():
         out[f"Recipe 4 (sparse fine-tuning), {_sparse_label(variant, r)}: test accuracy on 5-9 / forgetting of 0-4 "
             f"(mean ± std) / entries changed (mean, of {r['total_entries']:,})"] = \
-            f"{format_mean_std(r['acc_new'], r['acc_new_std'])} / " \
-            f"{format_mean_std(r['forgetting'], r['forgetting_std'])} / {r['changed_mean']:,.0f}"
+            f"{pm(r, 'acc_new', 'sparse')} / {pm(r, 'forgetting', 'sparse')} / {r['changed_mean']:,.0f}"
     for method in SUBNET_METHODS:
         r = m5[method]
         out[f"Recipe 5 (random sub-network: each unit trains with probability {r5['p']:g} at each step, mask_fn, "
@@ -255,7 +287,7 @@ def headline(metrics: Mapping[str, Any], source: str) -> dict[str, str]:
             "frozen entry-steps (entries × steps frozen) that moved, of those frozen / test accuracy, "
             "mean ± std over seeds"] = \
             f"{format_count(r['moved'], r['moved_std'])} of {format_count(r['frozen'], r['frozen_std'])} / " \
-            f"{format_mean_std(r['accuracy'], r['accuracy_std'])}"
+            f"{pm(r, 'accuracy', 'subnetwork')}"
     return out
 
 
@@ -267,5 +299,7 @@ METRIC_KINDS = {
     "**/step_time_ms": "timing", "pruning/dense_adam_step_time_ms": "timing", "pruning_step_time_ms": "timing",
     "duration_s": "timing",
     "traps[*]/error": "message", "**/methods/*/error": "message",
+    "decimals/*/step_time_ms": "timing_verdict", "optimizer_names": "constant", "cnn_variables": "constant",
+    "sparse/methods/*/label": "constant",
 }
 """What each value of study 05's ``metrics.json`` is (``study.report.kinds``); the rest are measured values."""

@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from study.recipes.labels import OPTIMIZER_NAMES, optimizer_name  # noqa: F401
 from study.recipes.summary import method_state_kept
 from study.report.prose import ceil, floor, pm, times
 
@@ -87,13 +88,6 @@ def _times(named: Mapping[str, tuple[Any, Any]], unit: str = "step") -> str:
     return text
 
 
-OPTIMIZER_NAMES = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "momentum": "SGD with momentum"}
-
-
-def _name(optimizer: str) -> str:
-    return OPTIMIZER_NAMES.get(optimizer, optimizer)
-
-
 def _prune_times(per_optimizer: Mapping[str, Any]) -> str:
     """Recipe 2's step times under every optimizer it ran, never pooled: the exact mask against the gradient mask
     and the constraint, and by how much the exact mask is slower where it is (and whether every run was)."""
@@ -105,7 +99,7 @@ def _prune_times(per_optimizer: Mapping[str, Any]) -> str:
             return _ms(mean) + ("" if lo is None or hi is None else
                                 f" (runs {floor(lo, 'fixed', 1)}–{ceil(hi, 'fixed', 1)})")  # outward: holds every run
 
-        text = (f"under {_name(o)}, per CNN step: exact {ranged('exact', exact)} vs gradient mask "
+        text = (f"under {optimizer_name(o)}, per CNN step: exact {ranged('exact', exact)} vs gradient mask "
                 f"{ranged('gradient_mask', grad)}, constraint {ranged('constraint', con)}")
         if exact is not None and grad is not None and exact > grad:
             slowest_grad, fastest_exact = _number(_get(r, "gradient_mask", "step_time_ms_max")), _number(
@@ -116,6 +110,33 @@ def _prune_times(per_optimizer: Mapping[str, Any]) -> str:
                         else "; their runs' ranges overlap, so this may be noise") + ")")
         parts.append(text)
     return ("; ".join(parts) + " (mean over sparsities and seeds)") if parts else "n/a"
+
+
+def _constraint_bytes(total: Any, parts: Mapping[str, Any] | None) -> str:
+    """Recipe 1's copy-back constraint state: its bytes, split into the float copy and the mask where known.
+
+    >>> _constraint_bytes(2620, {"values": 2600, "mask": 20}), _constraint_bytes(2620, None)
+    ('2,620 bytes: a float copy of the head (2,600) and its mask (20)', '2,620 bytes (a copy of the values + mask)')
+    """
+    copy, mask = _get(parts or {}, "values"), _get(parts or {}, "mask")
+    if _number(copy) is None or _number(mask) is None or _number(total) != copy + mask:
+        return f"{_n(total)} bytes (a copy of the values + mask)"
+    return f"{_n(total)} bytes: a float copy of the head ({_n(copy)}) and its mask ({_n(mask)})"
+
+
+def _prune_mask_bytes(total: Any, kernel: Any, variables: Any) -> str:
+    """Recipe 2's exact-mask bytes: 1 per fc1 kernel entry, plus a one-byte mask per other variable of the CNN.
+
+    >>> _prune_mask_bytes(3211271, 3211264, 8)
+    "3,211,271 bytes of masks: 1 per fc1 kernel entry (3,211,264) and a one-byte mask for each of the CNN's 7 other variables"
+    >>> _prune_mask_bytes(3211271, None, None)
+    '3,211,271 bytes of masks (fc1 kernel and the other variables)'
+    """
+    if _number(total) is None or _number(kernel) is None or _number(variables) is None \
+            or total - kernel != variables - 1:
+        return f"{_n(total)} bytes of masks (fc1 kernel and the other variables)"
+    return (f"{_n(total)} bytes of masks: 1 per fc1 kernel entry ({_n(kernel)}) and a one-byte mask for each of the "
+            f"CNN's {_n(variables - 1)} other variables")
 
 
 def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.DataFrame:
@@ -197,19 +218,21 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
          _times({m: (recipe(r1, k, 'step_time_ms'), recipe(r1, k, 'step_time_ms_std'))
                  for m, k in (("exact", "exact"), ("gradient mask", "gradient_mask"), ("constraint", "constraint"))}),
          f"{_n(recipe(r1, 'exact', 'extra_state_bytes'))} bytes of masks",
-         f"05 recipe 1; a gradient mask under {r1.get('optimizer', 'AdamW')} moved {_n(recipe(r1, 'gradient_mask', 'moved_min'))} of "
+         f"05 recipe 1; a gradient mask under {optimizer_name(r1.get('optimizer', 'adamw'))} moved {_n(recipe(r1, 'gradient_mask', 'moved_min'))} of "
          f"{r1.get('old_entries', '?')} (weight decay)"),
         ("the same job, another way", "a constraint that copies old values back",
          "values exact; the frozen entries' moments keep changing",
          f"{_ms_pm(recipe(r1, 'constraint', 'step_time_ms'), recipe(r1, 'constraint', 'step_time_ms_std'))}/step "
          "(compared in the row above)",
-         f"{_n(recipe(r1, 'constraint', 'extra_state_bytes'))} bytes (a copy of the values + mask)", "05 recipe 1"),
+         _constraint_bytes(recipe(r1, 'constraint', 'extra_state_bytes'), metrics.get("new_columns_constraint_bytes")),
+         "05 recipe 1"),
         ("pruned weights stay zero while fine-tuning", "MaskedOptimizer(hold) + set_mask(fc1.kernel, keep)",
          ("bit-exact: every pruned entry still zero in every run" if still_zero == [1.0] * len(still_zero) and still_zero
           else f"{_pct(min(still_zero, default=None))} of pruned entries still zero (fewest of any optimizer's runs)"),
          _prune_times(po2),
-         f"{_n(prune('exact', 'extra_state_bytes'))} bytes of masks (1 per fc1 kernel entry)",
-         "05 recipe 2; " + "; ".join(f"under {_name(o)} a gradient mask moved {_n(_get(r, 'gradient_mask', 'moved_min'))} "
+         _prune_mask_bytes(prune('exact', 'extra_state_bytes'), metrics.get("fc1_kernel_entries"),
+                           metrics.get("cnn_variables")),
+         "05 recipe 2; " + "; ".join(f"under {optimizer_name(o)} a gradient mask moved {_n(_get(r, 'gradient_mask', 'moved_min'))} "
                                      "or more pruned entries in every run" for o, r in po2.items())
          + " (carried-over moments)"),
         (f"fine-tune a fixed {budgets} of entries (FISH-style)",
