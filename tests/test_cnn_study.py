@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from study import cnn
+from study.report import reporting
 from study.models import deep_mnist_cnn
 
 
@@ -247,7 +248,7 @@ def test_step_times_name_the_slowest_method_only_where_every_run_agrees():
 def test_the_naive_and_hold_tables_print_a_mean_as_the_summary_table_does():
     summary = cnn.masked_summary(_steps_table(True))
     summary.loc[summary["method"] == "hold", ["accuracy_mean", "accuracy_std"]] = [0.8473, 0.0012]  # needs 4 decimals
-    decimals = cnn.column_decimals(summary, ["accuracy"])["accuracy"]
+    decimals = reporting.column_decimals(summary, ["accuracy"])["accuracy"]
     assert decimals == 4
     shown = cnn.display_table(summary, {"accuracy": "accuracy"}, ["method"])
     trade = cnn.naive_vs_exact_display(cnn.naive_vs_exact(summary), summary).iloc[0]
@@ -267,4 +268,4 @@ def test_a_count_range_shows_one_number_where_every_seed_agrees():
     summary = cnn.finetune_summary(rows)
     assert set(summary.columns) == set(cnn.FINETUNE_SUMMARY_COLUMNS)
     shown = cnn.display_table(summary, ["acc_new"], ["method"], counts={"conv_changed_entries": "changed"})
-    assert shown.iloc[0]["changed"] == "52,095–52,096" == cnn.count_range(52095, 52096)
+    assert shown.iloc[0]["changed"] == "52,095–52,096" == reporting.count_range(52095, 52096)

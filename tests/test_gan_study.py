@@ -164,6 +164,6 @@ def test_quality_columns_print_at_one_precision_each():
     summary = pd.DataFrame({v: [1.0, 2.0] for v in (f"{q}_{s}" for q in tables.QUALITY_VALUES for s in ("mean", "std"))})
     summary["classes_seen_mean"], summary["classes_seen_std"] = [9.333, 10.0], [0.577, 0.0]
     summary["final_d_loss_std"] = [0.0, 0.0]  # no spread anywhere: the fallback
-    decimals = tables.column_decimals(summary)
+    decimals = tables.quality_decimals(summary)
     assert decimals["classes_seen"] == 2 and decimals["final_d_loss"] == 2
     assert [f"{m:.{decimals['classes_seen']}f}" for m in summary["classes_seen_mean"]] == ["9.33", "10.00"]

@@ -11,7 +11,7 @@ import tensorflow as tf
 import yaml
 
 from study import recipes
-from study.report import pipeline
+from study.report import pipeline, reporting
 from study.training import LOSS, batch_indices
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,7 +204,7 @@ def test_headline_quotes_each_table_column_at_its_decimals():
     import pandas as pd
 
     summary = pd.DataFrame({"accuracy_mean": [0.8973, 0.9020], "accuracy_std": [0.0108, 0.0046]})
-    decimals = recipes.column_decimals(summary, ["accuracy"])
+    decimals = reporting.column_decimals(summary, ["accuracy"])
     assert decimals == {"accuracy": 4}  # the table shows 0.8973 ± 0.0108; pm alone would print 0.897 ± 0.011
     run = {"moved": 1.0, "moved_std": 0.0, "frozen": 2.0, "frozen_std": 0.0, "accuracy": 0.8973,
            "accuracy_std": 0.0108}

@@ -32,7 +32,6 @@ from study.cnn.masks import (  # noqa: F401
 from study.cnn.tables import (  # noqa: F401
     FINETUNE_SUMMARY_COLUMNS, finetune_summary, MASKED_SUMMARY_COLUMNS, masked_runs, masked_summary, formatted,
     config_table, workload, HOLD_VS_RESET_COLUMNS, hold_vs_reset, hold_vs_reset_display, NAIVE_VS_EXACT_COLUMNS,
-    naive_vs_exact, naive_vs_exact_display, headline, METRIC_KINDS, time_ratios, column_decimals, step_times,
-    count_range,
+    naive_vs_exact, naive_vs_exact_display, headline, METRIC_KINDS, time_ratios, step_times,
 )
 from study.report.reporting import display_table, format_count  # noqa: F401

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from study.report.prose import pm, signed
-from study.report.reporting import common_decimals, format_count, format_mean_std
+from study.report.reporting import column_decimals, common_decimals, count_range, format_count, format_mean_std
 from study.cnn.finetune import FINETUNE_RUN_COLUMNS
 from study.cnn.masks import STEP_COLUMNS, run_keys
 from study.cnn.setup import CnnStudyConfig  # noqa: F401
@@ -244,26 +244,6 @@ def naive_vs_exact_display(trade: pd.DataFrame, summary: pd.DataFrame | None = N
         out[f"{method} median step time (ms)"] = [f"{v:.{1 if time is None else time}f}"
                                                   for v in trade[f"{method} median step time (ms)"]]
     return out.set_index([k for k in ("optimizer", "p") if k in trade.columns])
-
-
-def count_range(low: float, high: float) -> str:
-    """A count's range over seeds, as ``display_table`` shows it: one number where every seed agrees.
-
-    >>> count_range(52095, 52096), count_range(0, 0)
-    ('52,095–52,096', '0')
-    """
-    return f"{int(low):,}" if low == high else f"{int(low):,}–{int(high):,}"  # en dash
-
-
-def column_decimals(summary: pd.DataFrame, values: Sequence[str]) -> dict[str, int | None]:
-    """The decimals ``display_table`` shows each ``<value>_mean ± <value>_std`` column of ``summary`` with (one
-    precision per column, ``common_decimals``): what a finding passes to ``pm(..., decimals=)``, ``fixed`` or
-    ``signed(decimals=)`` to quote the table's numbers as the table shows them.
-
-    >>> column_decimals(pd.DataFrame({"acc_mean": [0.9087, 0.9447], "acc_std": [0.0122, 0.0070]}), ["acc"])
-    {'acc': 4}
-    """
-    return {v: common_decimals(list(summary[f"{v}_mean"]), list(summary[f"{v}_std"])) for v in values}
 
 
 def step_times(steps: pd.DataFrame) -> dict[str, Any]:

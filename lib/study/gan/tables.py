@@ -10,10 +10,10 @@ import pandas as pd
 
 from freezing.selection import select_variables
 from study.gan.alternating import AUDIT_KEYS, Gan, GanStudyConfig, plural
-from study.report.reporting import common_decimals, format_mean_std
+from study.report.reporting import column_decimals, format_mean_std
 
 QUALITY_VALUES = ("classes_seen", "coverage_entropy", "confidence", "final_d_loss", "time_per_iteration_ms")
-"""The summary's mean ± std columns the report's quality tables show, each at one precision (``column_decimals``)."""
+"""The summary's mean ± std columns the report's quality tables show, each at one precision (``quality_decimals``)."""
 
 
 def network_sizes(config: GanStudyConfig | None = None) -> dict[str, int]:
@@ -56,18 +56,16 @@ def gan_summary(runs: pd.DataFrame) -> pd.DataFrame:
     ).reset_index()
 
 
-def column_decimals(summary: pd.DataFrame, values: tuple[str, ...] = QUALITY_VALUES, digits: int = 2,
-                    fallback: int = 2) -> dict[str, int]:
-    """The decimals each ``<value>_mean ± <value>_std`` column of the quality tables is shown with: one per column
-    (``common_decimals`` at ``digits`` significant digits of the std), ``fallback`` where no row has a spread. The
-    tables, the headline and the findings quote a value with them, so that it prints alike everywhere.
+def quality_decimals(summary: pd.DataFrame) -> dict[str, int]:
+    """The decimals each quality column (``QUALITY_VALUES``) is shown with: ``reporting.column_decimals`` at two
+    significant digits of the std, two decimals where no row has a spread. The tables, the headline and the findings
+    quote a value with them, so that it prints alike everywhere.
 
-    >>> s = pd.DataFrame({"classes_seen_mean": [9.333, 10.0], "classes_seen_std": [0.577, 0.0]})
-    >>> column_decimals(s, ("classes_seen",))
-    {'classes_seen': 2}
+    >>> quality_decimals(pd.DataFrame({f"{v}_{s}": [9.333, 10.0] if s == "mean" else [0.577, 0.0]
+    ...                                for v in QUALITY_VALUES for s in ("mean", "std")}))["classes_seen"]
+    2
     """
-    found = {v: common_decimals(list(summary[f"{v}_mean"]), list(summary[f"{v}_std"]), digits) for v in values}
-    return {v: fallback if d is None else d for v, d in found.items()}
+    return column_decimals(summary, QUALITY_VALUES, digits=2, fallback=2)
 
 
 def bias_correction_effect(logs: pd.DataFrame, beta_1: float = 0.5, beta_2: float = 0.999) -> pd.DataFrame:
@@ -91,7 +89,7 @@ def bias_correction_effect(logs: pd.DataFrame, beta_1: float = 0.5, beta_2: floa
 def headline(summary: pd.DataFrame, classifier_accuracy: float, source: str, iterations: int) -> dict[str, str]:
     """Every method x optimizer row, as text for ``results/SUMMARY.md``. ``headline(s, 0.97, data.source, 600)``"""
     seeds = plural(int(summary["seeds"].max()), "seed")
-    d = column_decimals(summary)
+    d = quality_decimals(summary)
     out = {"data": source, "judge: the Deep MNIST CNN's test accuracy (fraction)": f"{classifier_accuracy:.3f}",
            "how the rows below are summarised": f"changed entry-steps: per-run sums over {iterations} iterations, "
                                                 f"mean over {seeds}; the others: mean ± std over {seeds}"}

@@ -41,7 +41,7 @@ from study.recipes.sparse import fish_masks, squared_gradients, sparse_study  # 
 from study.recipes.subnetwork import RandomUnits, subnetwork_study  # noqa: F401
 from study.recipes.summary import (  # noqa: F401
     summarize, recipe_metrics, headline, state_kept_text, short_error, spread_caption, METRIC_KINDS,
-    column_decimals, value_ranges,
+    value_ranges,
 )
 from study.recipes.which_method import method_table  # noqa: F401
 from study.report.reporting import display_table  # noqa: F401

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from study.cnn.tables import column_decimals  # noqa: F401  (re-exported: each table column's decimals)
 from study.report.prose import ceil, fixed, floor, pct
 from study.report.reporting import format_count, format_mean_std
 from study.recipes.labels import method_label, optimizer_name

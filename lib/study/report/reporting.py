@@ -235,6 +235,28 @@ def common_decimals(means: Sequence[float], stds: Sequence[float], digits: int =
     return max(found) if found else None
 
 
+def column_decimals(summary: pd.DataFrame, values: Sequence[str], digits: int = 3,
+                    fallback: int | None = None) -> dict[str, int | None]:
+    """The decimals ``display_table`` shows each ``<value>_mean ± <value>_std`` column of ``summary`` with (one
+    precision per column, ``common_decimals``; ``fallback`` where no row has a spread): what a finding passes to
+    ``pm(..., decimals=)``, ``fixed`` or ``signed(decimals=)`` to quote a table's numbers as the table shows them.
+
+    >>> column_decimals(pd.DataFrame({"acc_mean": [0.9087, 0.9447], "acc_std": [0.0122, 0.0070]}), ["acc"])
+    {'acc': 4}
+    """
+    found = {v: common_decimals(list(summary[f"{v}_mean"]), list(summary[f"{v}_std"]), digits) for v in values}
+    return {v: fallback if d is None else d for v, d in found.items()}
+
+
+def count_range(low: float, high: float) -> str:
+    """A count's range over seeds: 'low–high' with thousands separators, one number where every seed agrees.
+
+    >>> count_range(52095, 52096), count_range(0, 0)
+    ('52,095–52,096', '0')
+    """
+    return f"{int(low):,}" if low == high else f"{int(low):,}–{int(high):,}"  # en dash
+
+
 def format_count(mean: float, std: float) -> str:
     """A count as ``mean ± std`` with thousands separators. ``format_count(52094.7, 1.2) == "52,095 ± 1"``"""
     if std != std:
@@ -267,7 +289,7 @@ def display_table(summary: pd.DataFrame, values: Sequence[str] | Mapping[str, st
             out[heading] = [format_mean_std(m, s, decimals=decimals) for m, s in zip(means, stds)]
     for value, heading in (counts.items() if isinstance(counts, Mapping) else ()):
         lo, hi = summary[f"{value}_min"], summary[f"{value}_max"]
-        out[heading] = [f"{int(a):,}" if a == b else f"{int(a):,}–{int(b):,}" for a, b in zip(lo, hi)]  # en dash
+        out[heading] = [count_range(a, b) for a, b in zip(lo, hi)]
     return out.set_index(list(index)).rename(columns=dict(names or {}))
 
 
