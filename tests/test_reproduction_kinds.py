@@ -57,6 +57,22 @@ def test_changing_only_the_timings_says_timings_differ_and_nothing_else(name):
     assert reproduction.verdict(reproduction.compare(old, copy.deepcopy(old), kinds=STUDIES[name])) == "identical"
 
 
+def test_a_flipped_conclusion_from_timings_is_named_with_both_sides(tmp_path):
+    old = committed("04_gradients_and_ps")
+    new = copy.deepcopy(old)
+    side = old["quoted"]["function_persistent_side"]
+    new["quoted"]["function_persistent_side"] = "either" if side != "either" else "above"
+    rep = reproduction.compare(old, new, kinds=GRADIENTS)
+    assert rep["timing_verdicts"]["changed"] == 1 and rep["differ"] == 0
+    assert rep["timing_verdicts"]["which"] == [{"value": "quoted/function_persistent_side", "committed": side,
+                                                "rerun": new["quoted"]["function_persistent_side"]}]
+    rep = {**rep, "compared_with": "HEAD 0000000000:results/04_gradients_and_ps/metrics.json", "baseline": {}}
+    manifest = {"04_gradients_and_ps": {"commit": "0" * 40, "finished_at": "t", "reproduction": rep}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    text = reproduction.write_report(tmp_path).read_text()
+    assert "conclusion drawn from timings changed: `quoted/function_persistent_side`" in text
+
+
 def test_the_spread_of_a_timing_is_not_a_timing():
     old = committed("05_recipes")
     rep = reproduction.compare(old, old, kinds=RECIPES)

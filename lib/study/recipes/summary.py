@@ -290,7 +290,8 @@ def headline(metrics: Mapping[str, Any], source: str) -> dict[str, str]:
     return out
 
 
-METRIC_KINDS = {
+METRIC_KINDS = {  # first match wins: a specific pattern before the general one it would fall under
+    "decimals/*/step_time_ms": "timing_verdict",  # a table's precision, chosen from timings (not a timing)
     "config": "constant", "freezing_version": "constant", "data_source": "constant", "data_sizes": "constant",
     "keras_version": "constant", "cnn_parameters": "constant", "fc1_kernel_entries": "constant",
     "**/step_time_ms_std": "timing_spread", "**/step_time_ms_min": "timing_spread",
@@ -298,7 +299,7 @@ METRIC_KINDS = {
     "**/step_time_ms": "timing", "pruning/dense_adam_step_time_ms": "timing", "pruning_step_time_ms": "timing",
     "duration_s": "timing",
     "traps[*]/error": "message", "**/methods/*/error": "message",
-    "decimals/*/step_time_ms": "timing_verdict", "optimizer_names": "constant", "cnn_variables": "constant",
+    "optimizer_names": "constant", "cnn_variables": "constant",
     "sparse/methods/*/label": "constant",
 }
 """What each value of study 05's ``metrics.json`` is (``study.report.kinds``); the rest are measured values."""

@@ -133,6 +133,7 @@ def compare(committed: dict[str, Any], rerun: dict[str, Any], rtol: float = RTOL
     old = kinds_.kind_of_leaves({k: v for k, v in committed.items() if k not in LEFT_OUT}, declared)
     new = kinds_.kind_of_leaves({k: v for k, v in rerun.items() if k not in LEFT_OUT}, declared)
     identical = within = normalised = samples = verdicts = verdicts_changed = 0
+    flipped: list[dict[str, Any]] = []  # the timing verdicts that changed: named in the report
     left_out: Counter[str] = Counter()
     differing: list[tuple[float, str, Any, Any]] = []
     ratios: list[float] = []
@@ -150,7 +151,9 @@ def compare(committed: dict[str, Any], rerun: dict[str, Any], rtol: float = RTOL
             continue
         if kind == "timing_verdict":
             verdicts += 1
-            verdicts_changed += not _identical(a, b)
+            if not _identical(a, b):
+                verdicts_changed += 1
+                flipped.append({"value": path, "committed": a, "rerun": b})
             continue
         if kind == "sample" and isinstance(a, list) and isinstance(b, list):
             samples += 1
@@ -188,7 +191,7 @@ def compare(committed: dict[str, Any], rerun: dict[str, Any], rtol: float = RTOL
         "only_committed": len(only_old), "only_rerun": len(only_new),
         "timings": ({"values": len(ratios), "median_ratio": statistics.median(ratios), "min_ratio": min(ratios),
                      "max_ratio": max(ratios)} if ratios else {"values": 0}),
-        "timing_verdicts": {"values": verdicts, "changed": verdicts_changed},
+        "timing_verdicts": {"values": verdicts, "changed": verdicts_changed, "which": flipped},
         "left_out": dict(sorted(left_out.items())),
         "kinds": dict(sorted(kinds_seen.items())),
         "kinds_declared": bool(declared),
@@ -498,6 +501,9 @@ def write_report(out: Path) -> Path | None:
             extra.append(f"{rep['normalised_messages']} message(s) equal once ports and addresses are normalised")
         if rep.get("left_out"):
             extra.append("left out, not compared: " + ", ".join(f"{n} {k}" for k, n in rep["left_out"].items()))
+        for f in (rep.get("timing_verdicts") or {}).get("which", []):  # a conclusion from timings that flipped
+            extra.append(f"conclusion drawn from timings changed: `{f['value']}`: {_num(f['committed'])} → "
+                         f"{_num(f['rerun'])} (this run's report states the rerun's side, from this run's timings)")
         if rep.get("largest") or extra:
             details += [f"**{name}**:" + (" the largest differences, committed → rerun (relative difference):"
                                           if rep.get("largest") else ""), ""]
