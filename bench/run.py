@@ -102,12 +102,18 @@ def _rows(results: dict) -> tuple[list[Row], list[str]]:
 
 
 def _met(row: Row) -> str:
-    """met (by the wall-time median), met in CPU only, or NOT met; empty without a target."""
-    if row["target"] is None:
+    """Whether the target is met, by the wall-time median: "met" or "NOT met" where the whole range over rounds
+    lies on that side of the target, "undecided" where the target lies inside it (one run cannot say), "met in CPU
+    time only" where wall time misses and the CPU-time median meets it; empty without a target."""
+    target = row["target"]
+    if target is None:
         return ""
-    if row["wall"][0] <= row["target"]:
+    median, low, high = row["wall"]
+    if low <= target < high:
+        return f"undecided: inside the range over rounds (median {'at or under' if median <= target else 'over'} it)"
+    if median <= target:
         return "met"
-    return "met in CPU time only" if row["cpu"] and row["cpu"][0] <= row["target"] else "NOT met"
+    return "met in CPU time only" if row["cpu"] and row["cpu"][0] <= target else "NOT met"
 
 
 def _summary(results: dict) -> list[str]:
@@ -133,7 +139,8 @@ def _markdown(results: dict, context: dict) -> str:
         "reference, each its own compiled model with the same weights and data; the range is over rounds, rounded "
         "outward. "
         "Wall time counts waiting for a core; process CPU time does not. A target is met when the wall-time median "
-        "is at or under it (\"met in CPU time only\": the CPU-time median is).",
+        "and the whole range over rounds are at or under it, NOT met when the range lies above it, undecided when it "
+        "lies inside the range (\"met in CPU time only\": wall time misses, the CPU-time median meets it).",
         "",
         f"- commit: `{context['commit']}`{' (with uncommitted changes)' if context['dirty'] else ''}; "
         f"finished {context['finished_at']}; {context['seconds']:.0f} s in all",

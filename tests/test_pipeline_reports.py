@@ -472,7 +472,7 @@ def test_report_shows_assertion_cells_and_how_the_run_was_timed(tmp_path):
     page, _ = html_report.render_report(path, note=report_note(busy))
     text = BeautifulSoup(page, "html.parser").get_text()
     assert "assert hidden_setup == 1, 'checked'" in text and "hidden_setup = 1" not in text
-    assert "the machine was not idle" in text and "other processes used 30% of the 2 cores" in text
+    assert "the machine was not idle" in text and "other processes used 30.0% of the 2 cores" in text
     assert text.index("08 · Timed") < text.index("not idle") < text.index("Intro: assertion cells")
     idle = report_note(summarise(100.0, 90.0, 95.0, [0.9], 2))
-    assert idle.startswith("*How this run was timed:* otherwise idle: other processes used 2%")
+    assert idle.startswith("*How this run was timed:* otherwise idle: other processes used 2.5%")

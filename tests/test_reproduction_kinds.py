@@ -163,7 +163,7 @@ def test_a_run_on_a_busy_machine_says_so():
     busy = summarise(wall_s=100.0, cpu_s=90.0, busy_s=150.0, samples=[1.5, 2.0], cores=2)  # others: 60 of 200 s
     assert busy["idle"] is False and busy["others_share"] == 0.3
     idle = summarise(wall_s=100.0, cpu_s=90.0, busy_s=105.0, samples=[1.0], cores=2)
-    assert idle["idle"] is True and describe(idle).startswith("otherwise idle: other processes used 8%")
+    assert idle["idle"] is True and describe(idle).startswith("otherwise idle: other processes used 7.5%")
     assert summarise(100.0, 90.0, None, [3.5], 2)["idle"] is False  # no /proc/stat: the load average decides
 
 

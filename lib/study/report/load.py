@@ -122,7 +122,7 @@ def describe(load: dict[str, Any] | None) -> str:
     """One line for a report: how busy the machine was and whether that makes its timings comparable.
 
     >>> describe(summarise(100.0, 90.0, 150.0, [1.5, 2.0], 2))
-    "not idle: other processes used 30% of the 2 cores; load average 1.75 (max 2.00; it counts this run's own threads too); this run used 0.9 cores (90 s CPU in 100 s)"
+    "not idle: other processes used 30.0% of the 2 cores; load average 1.75 (max 2.00; it counts this run's own threads too); this run used 0.9 cores (90 s CPU in 100 s)"
     >>> describe(None)
     'not recorded'
     """
@@ -130,7 +130,7 @@ def describe(load: dict[str, Any] | None) -> str:
         return "not recorded"
     parts = []
     if load.get("others_share") is not None:
-        parts.append(f"other processes used {100 * load['others_share']:.0f}% of the {load['cores']} cores")
+        parts.append(f"other processes used {100 * load['others_share']:.1f}% of the {load['cores']} cores")
     if load.get("loadavg"):
         parts.append(f"load average {load['loadavg']['mean']:.2f} (max {load['loadavg']['max']:.2f}; it counts this "
                      "run's own threads too)")
