@@ -12,6 +12,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from study.report.reporting import column_decimals
+
 METHOD_COLOURS = {"naive": "tab:red", "hold": "tab:green", "reset": "tab:blue", "var_list": "tab:purple",
                   "trainable_recompile": "tab:olive", "trainable_no_recompile": "tab:orange", "gate": "tab:red",
                   "masked_hold": "tab:green"}
@@ -37,6 +39,7 @@ def finetune_bars(summary: pd.DataFrame) -> plt.Figure:
     optimizers = list(dict.fromkeys(summary["optimizer"]))
     methods = list(dict.fromkeys(summary["method"]))
     width = 0.8 / len(methods)
+    decimals = column_decimals(summary, ["acc_new"])["acc_new"] or 3  # as the report's table prints the means
     fig, (acc_ax, changed_ax) = plt.subplots(1, 2, figsize=(12, 4.4), sharex=True)
     for j, method in enumerate(methods):
         rows = summary[summary["method"] == method].set_index("optimizer").reindex(optimizers)
@@ -46,7 +49,7 @@ def finetune_bars(summary: pd.DataFrame) -> plt.Figure:
                         marker="o", ls="none", capsize=3, ms=6)
         for x, m, sd in zip(xs, rows["acc_new_mean"], rows["acc_new_std"].fillna(0)):
             if m == m:  # below the lower whisker, so that the whisker does not strike it through
-                acc_ax.annotate(f"{m:.3f}", (x, m - sd), xytext=(0, -4), textcoords="offset points", ha="center",
+                acc_ax.annotate(f"{m:.{decimals}f}", (x, m - sd), xytext=(0, -4), textcoords="offset points", ha="center",
                                 va="top", fontsize=7, color=colour)
         changed = rows["conv_changed_entries_mean"].to_numpy()
         changed_ax.bar(xs, changed, width, color=colour, label=method)

@@ -285,8 +285,10 @@ def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame
             f"frozen conv entries changed at the end (count, range over seeds)"] = \
             f"{format_mean_std(r.acc_new_mean, r.acc_new_std, decimals=acc)} / {count_range(r.conv_changed_entries_min, r.conv_changed_entries_max)}"
     for name, group in finetune.groupby("optimizer", sort=False):
+        step = column_decimals(finetune, ["step_time_ms"])["step_time_ms"]  # as the report's table shows them
         out[f"fine-tune {name}: step time (ms, mean ± std over seeds), " + " / ".join(group["method"])] = \
-            " / ".join(format_mean_std(t, sd) for t, sd in zip(group["step_time_ms_mean"], group["step_time_ms_std"]))
+            " / ".join(format_mean_std(t, sd, decimals=step)
+                       for t, sd in zip(group["step_time_ms_mean"], group["step_time_ms_std"]))
     if len(traps):
         wrong = int(((traps["trained"] == True) & (traps["layer 'a' should"] == "stay")).sum()  # noqa: E712
                     + ((traps["trained"] == False) & (traps["layer 'a' should"] == "train")).sum()  # noqa: E712
@@ -301,8 +303,9 @@ def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame
         methods = list(dict.fromkeys(group["method"]))
         if mask_times is not None and len(masks["optimizer"].unique()) == 1:  # as the prose quotes them
             t = mask_times["methods"]
+            step = column_decimals(masks, ["step_time_ms"])["step_time_ms"]  # as the prose quotes them
             out[f"masks {name}: step time (ms; mean ± std over every seed and p), " + " / ".join(methods)] = \
-                " / ".join(format_mean_std(t[m]["mean"], t[m]["std"]) for m in methods)
+                " / ".join(format_mean_std(t[m]["mean"], t[m]["std"], decimals=step) for m in methods)
         else:
             times = group.groupby("method", sort=False)["step_time_ms_mean"].agg(["mean", "std"])
             out[f"masks {name}: step time (ms; mean ± std over the p's of each p's mean over seeds), "

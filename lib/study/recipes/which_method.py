@@ -155,6 +155,7 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
     naive01 = {k.split("/")[0]: _number(v if not isinstance(v, Mapping) else _first(v, "changed_entries_sum_mean"))
                for k, v in drift01.items() if k.endswith("/naive")}
     drifting = sorted(k for k, v in naive01.items() if v is not None and v > 0)
+    kept01 = sorted(k for k, v in naive01.items() if v == 0)  # a zero gradient moved nothing under these
     n_opt = len(naive01)
 
     def ft_cell(method: str) -> str:
@@ -259,7 +260,9 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
          + (f"random masks (p = 0.5) held exactly under Adam changed {hold02:,.0f} frozen CNN entries" if hold02 is not None
             else missing)),
         ("a zero gradient / stop_gradient mask (what people do today)", "gate(x, keep), tf.where(keep, g, 0)",
-         "exact only where a zero gradient gives a zero update (plain SGD, Adagrad; not momentum, Adam or weight decay)",
+         "exact only where a zero gradient gives a zero update: "
+         + (f"in 01, {', '.join(kept01)} (of {n_opt} optimizers)" if kept01 else "plain SGD, Adagrad")
+         + "; not momentum, Adam or weight decay",
          (f"{ft_time('gate')} vs {ft_time('var_list')}: the frozen layers' zero gradients are still computed; "
           "05 recipe 5: " + _times({m: (recipe(r5, k, "step_time_ms"), recipe(r5, k, "step_time_ms_std"))
                                     for m, k in (("naive gate", "naive_gate"), ("exact", "exact"))}))

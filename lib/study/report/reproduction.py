@@ -318,7 +318,7 @@ def baseline_line(baseline: Mapping[str, Any] | None) -> str:
     'made at 0123456789, 2026-01-01T00:00:00+00:00, on A, 2 cores, oneDNN build off (TF_ENABLE_ONEDNN_OPTS unset)'
     """
     if not baseline:
-        return "where and when it was made: not recorded"
+        return "whose commit, date and machine were not recorded"
     local = " + local changes" if baseline.get("dirty") else ""
     return (f"made at {str(baseline.get('commit', '?'))[:10]}{local}, {baseline.get('finished_at', '?')}, on "
             f"{machine_line(baseline.get('machine'))}")
@@ -492,7 +492,7 @@ def write_report(out: Path) -> Path | None:
         v = rep.get("timing_verdicts") or {}
         if v.get("changed"):
             timing += f"; {v['changed']} of {v['values']} conclusions drawn from timings changed"
-        compared = f"`{rep['compared_with']}`, {baseline_line(base or None)}"
+        compared = f"the run {baseline_line(base or None)} (read from `{rep['compared_with']}`)"
         lines.append(f"| {name} | {when} | {host} | {compared} | {verdict(rep)} | {rep['values']} | "
                      f"{rep['identical']} | {rep['within']} | {rep['differ']} | {passed} | {timing} | {load} |")
         extra = [f"{rep['only_committed']} value(s) only in the committed run"] if rep.get("only_committed") else []
