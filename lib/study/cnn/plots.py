@@ -69,7 +69,7 @@ def finetune_bars(summary: pd.DataFrame) -> plt.Figure:
     changed_ax.text(len(optimizers) - 0.55, CONV_ENTRIES * 1.02, f"all {CONV_ENTRIES:,} conv entries", ha="right",
                     va="bottom", fontsize=8, color="0.3")
     changed_ax.set(ylabel="conv entries changed at the end (count)", ylim=(0, CONV_ENTRIES * 1.15),
-                   title="Frozen conv1/conv2 entries that changed (0 printed)")
+                   title="Frozen conv1/conv2 entries that changed (a printed 0: none did)")
     changed_ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:,.0f}"))
     for ax in (acc_ax, changed_ax):
         ax.set_xlabel("optimizer (pretraining and fine-tuning)")

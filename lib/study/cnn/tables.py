@@ -304,7 +304,8 @@ def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame
         if mask_times is not None and len(masks["optimizer"].unique()) == 1:  # as the prose quotes them
             t = mask_times["methods"]
             step = column_decimals(masks, ["step_time_ms"])["step_time_ms"]  # as the prose quotes them
-            out[f"masks {name}: step time (ms; mean ± std over every seed and p), " + " / ".join(methods)] = \
+            out[f"masks {name}: median step time of a run (ms; mean ± std over every seed and p), "
+                + " / ".join(methods)] = \
                 " / ".join(format_mean_std(t[m]["mean"], t[m]["std"], decimals=step) for m in methods)
         else:
             times = group.groupby("method", sort=False)["step_time_ms_mean"].agg(["mean", "std"])
@@ -328,7 +329,7 @@ METRIC_KINDS = {
     "finetune_exact_changed_entries": "count", "fixed_policies_changed_entries": "count",
     "finetune_acc_old_max": "accuracy", "finetune/**/acc_*": "accuracy", "masks/**/accuracy_*": "accuracy",
     "blocks/**/accuracy_*": "accuracy",
-    "finetune/**/step_time_ms_mean": "timing", "masks/**/step_time_ms_mean": "timing",
+    "finetune/**/step_time_ms_std": "timing_spread", "finetune/**/step_time_ms_mean": "timing", "masks/**/step_time_ms_mean": "timing",
     "blocks/**/step_time_ms_mean": "timing", "duration_s": "timing",
     "finetune_gate_time_ratio": "timing_ratio", "finetune_masked_time_ratio": "timing_ratio",
     "finetune_time_ratio_seeds/*/*_slower": "timing_verdict",

@@ -276,7 +276,7 @@ def headline(metrics: Mapping[str, Any], source: str) -> dict[str, str]:
         out["Recipe 3 (gradual unfreezing), recompile with the same optimizer per stage"] = (
             f"raised '{error}' at stage {r['raised_at_stage']} (no result)" if error else "finished")
     for variant, r in r4["methods"].items():
-        out[f"Recipe 4 (sparse fine-tuning), {_sparse_label(variant, r)}: test accuracy on 5-9 / forgetting of 0-4 "
+        out[f"Recipe 4 (sparse fine-tuning), {_sparse_label(variant, r)}: test accuracy on 5-9 / forgetting of 0-4 (accuracy lost on 0-4, fraction) "
             f"(mean ± std) / entries changed (mean, of {r['total_entries']:,})"] = \
             f"{pm(r, 'acc_new', 'sparse')} / {pm(r, 'forgetting', 'sparse')} / {r['changed_mean']:,.0f}"
     for method in SUBNET_METHODS:

@@ -213,8 +213,10 @@ def verdict(rep: Mapping[str, Any]) -> str:
         parts.append(f"{rep['differ']} value{' differs' if rep['differ'] == 1 else 's differ'}")
     if rep.get("within"):
         parts.append(f"{rep['within']} within {rep.get('rtol', RTOL):g}")
-    if rep.get("only_committed") or rep.get("only_rerun"):
-        parts.append(f"{rep.get('only_committed', 0)} only committed, {rep.get('only_rerun', 0)} only rerun")
+    if rep.get("only_committed"):
+        parts.append(f"{rep['only_committed']} only committed")
+    if rep.get("only_rerun"):
+        parts.append(f"{rep['only_rerun']} only rerun (new values)")
     t = rep.get("timings") or {}
     changed = (rep.get("timing_verdicts") or {}).get("changed", 0)
     if (t.get("values") and (t["min_ratio"] != 1 or t["max_ratio"] != 1)) or changed:
