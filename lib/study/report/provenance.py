@@ -102,10 +102,16 @@ MANIFEST_FIELDS: dict[str, str] = {
     "reproduction.timings.median_ratio": "the median ratio rerun / committed (below 1: the rerun was faster).",
     "reproduction.timings.min_ratio": "the smallest ratio.",
     "reproduction.timings.max_ratio": "the largest ratio.",
-    "reproduction.timing_verdicts": "yes/no conclusions drawn from timings: `values`, how many; `changed`, how many "
-                                    "changed.",
+    "reproduction.timing_verdicts": "values drawn from timings (yes/no verdicts, a side of 1, a precision chosen from "
+                                    "a timing's spread): `values`, how many; `changed`, how many changed; `which`, those "
+                                    "that changed.",
     "reproduction.timing_verdicts.values": "how many.",
     "reproduction.timing_verdicts.changed": "how many changed.",
+    "reproduction.timing_verdicts.which": "each value that changed: its path, the committed and the rerun value.",
+    "reproduction.timing_verdicts.which[]": "one changed value.",
+    "reproduction.timing_verdicts.which[].value": "its path in `metrics.json`.",
+    "reproduction.timing_verdicts.which[].committed": "its committed value.",
+    "reproduction.timing_verdicts.which[].rerun": "its rerun value.",
     "reproduction.left_out": "values not compared, counted per reason: `timing_spread` (the spread of a timing), "
                              "`text`, `timing without a ratio` (`headline` and `kinds` are never compared and not "
                              "counted).",

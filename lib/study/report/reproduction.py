@@ -419,8 +419,9 @@ LEGEND = (
                         "passed all of them."),
     ("timings, rerun / committed", "each timing and ratio of timings of the rerun divided by the committed one: "
                                    "the median and range over them, and how many there were; 1.00 is the same "
-                                   "speed, below 1 the rerun was faster. Where a yes/no conclusion drawn from "
-                                   "timings changed, how many."),
+                                   "speed, below 1 the rerun was faster. Where values drawn from timings changed (a yes/no "
+                                   "verdict, a side of 1, a precision chosen from a timing's spread), how many; the "
+                                   "list under the table names them."),
     ("load while it ran", "how busy the machine was while the rerun was timed (`study.report.load`): "
                           "\"idle\" when other processes used at most 10% of the machine's cores (`IDLE_SHARE`); "
                           "the 1-minute load average (it counts the run's own threads too); the cores the run "
@@ -493,7 +494,7 @@ def write_report(out: Path) -> Path | None:
                   f"{t['values']} timing{'s' if t['values'] != 1 else ''})" if t.get("values") else "none")
         v = rep.get("timing_verdicts") or {}
         if v.get("changed"):
-            timing += f"; {v['changed']} of {v['values']} conclusions drawn from timings changed"
+            timing += f"; {v['changed']} of {v['values']} values drawn from timings changed (named below)"
         compared = f"the run {baseline_line(base or None)} (read from `{rep['compared_with']}`)"
         lines.append(f"| {name} | {when} | {host} | {compared} | {verdict(rep)} | {rep['values']} | "
                      f"{rep['identical']} | {rep['within']} | {rep['differ']} | {passed} | {timing} | {load} |")
@@ -504,8 +505,8 @@ def write_report(out: Path) -> Path | None:
         if rep.get("left_out"):
             extra.append("left out, not compared: " + ", ".join(f"{n} {k}" for k, n in rep["left_out"].items()))
         for f in (rep.get("timing_verdicts") or {}).get("which", []):  # a conclusion from timings that flipped
-            extra.append(f"conclusion drawn from timings changed: `{f['value']}`: {_num(f['committed'])} → "
-                         f"{_num(f['rerun'])} (this run's report states the rerun's side, from this run's timings)")
+            extra.append(f"drawn from timings (a verdict, or a precision chosen from their spread), changed: "
+                         f"`{f['value']}`: {_num(f['committed'])} → {_num(f['rerun'])} (the report states the rerun's)")
         if rep.get("largest") or extra:
             details += [f"**{name}**:" + (" the largest differences, committed → rerun (relative difference):"
                                           if rep.get("largest") else ""), ""]
