@@ -93,7 +93,8 @@ def test_drift_summary_and_headline_cover_every_optimizer_and_policy():
                "prediction_max_abs_drift": 0.05}
     headline = adam_drift.headline(metrics, summary)
     assert all(isinstance(v, str) for v in headline.values())
-    assert any(k.startswith("sgd: frozen entries") for k in headline) and any(k.startswith("adam: frozen entries") for k in headline)
+    assert any(k.startswith("sgd (SGD): frozen entries") for k in headline)  # each named with its class and options
+    assert any(k.startswith("adam (Adam): frozen entries") for k in headline)
     assert any("±" in v for v in headline.values())  # mean ± std over the two seeds
 
 
