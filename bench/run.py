@@ -30,6 +30,7 @@ import bench_masked_fit  # noqa: E402
 import bench_masked_step  # noqa: E402
 import bench_ps  # noqa: E402
 import bench_sparse_embedding  # noqa: E402
+from study.report import cache  # noqa: E402
 from study.report.load import Load, describe  # noqa: E402
 from study.report.prose import ceil, floor  # noqa: E402
 
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(__file__).resolve().parents[1] / "build" / "bench"
     out.mkdir(parents=True, exist_ok=True)
-    machine = {"machine": platform.machine(), "processor": platform.processor() or _cpu_model(), "cpus": os.cpu_count()}
+    machine = {"machine": platform.machine(), "processor": cache.machine()["cpu"], "cpus": os.cpu_count()}
     results, failed = {}, []
     start = time.perf_counter()
     with Load() as load:
@@ -245,17 +246,6 @@ def main(argv: list[str] | None = None) -> int:
         _publish(results, context, publish)
         print(f"  published: {publish / 'BENCH.md'}")
     return 0
-
-
-def _cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo ('' where there is none)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 if __name__ == "__main__":
