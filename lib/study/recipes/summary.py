@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from study.report.prose import ceil, fixed, floor, pct
-from study.report.reporting import format_count, format_mean_std
+from study.report.reporting import count_range, format_count, format_mean_std
 from study.recipes.labels import method_label, optimizer_name
 from study.recipes.setup import NEW_COLUMN_METHODS, SUBNET_METHODS, StudyResult
 
@@ -158,7 +158,7 @@ def value_ranges(groups: Any, digits: int = 3) -> pd.Series:
 
     def text(lo: Any, hi: Any) -> str:
         if whole:
-            return f"{int(lo):,}" if lo == hi else f"{int(lo):,}–{int(hi):,}"
+            return count_range(lo, hi)
         return fixed(lo, d) if lo == hi else f"{floor(lo, 'fixed', d)}–{ceil(hi, 'fixed', d)}"  # outward: holds all
 
     return groups.agg(lambda x: text(x.min(), x.max()))
