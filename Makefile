@@ -27,7 +27,7 @@ $(STAMP): requirements.txt requirements-keras-hub.txt pyproject.toml lib/pyproje
 
 venv: $(STAMP) ## Create .venv and install the pinned requirements (done by the targets below)
 
-test: $(STAMP) ## Run the tests (unit, property, doctests, Keras' optimizer tests, a notebook through papermill); under 10 min
+test: $(STAMP) ## Run the tests (unit, property, doctests, Keras' optimizer tests, a notebook through papermill, the READMEs' and docs/' code blocks); under 10 min
 	$(PY) -m pytest -m "not slow"
 
 test-slow: $(STAMP) ## Run the long checks CI adds after `make test` (every notebook on smoke parameters, clusters, sweeps)
