@@ -28,7 +28,7 @@ import pytest  # noqa: E402
 from bs4 import BeautifulSoup  # noqa: E402
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output  # noqa: E402
 
-from study.report import execution, html_report, pipeline, reporting, site  # noqa: E402
+from study.report import execution, html_report, pipeline, reporting, site, summary  # noqa: E402
 from test_reruns import differences, leaves, without_timings  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -282,6 +282,94 @@ def test_manifest_summary_and_index_are_written_atomically(tmp_path, monkeypatch
     pipeline.record_run(out, "01_first", json.loads((out / "manifest.json").read_text())["01_first"])
     assert written == []  # nothing changed, nothing written
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left behind
+
+
+
+# --- the summary first, and "start here" -----------------------------------------------------------------
+
+
+def _finding(markdown: str) -> nbformat.NotebookNode:
+    """A ``finding`` cell as an executed notebook holds it: its source hidden, its filled Markdown as output."""
+    return new_code_cell("prose.finding(...)", metadata={"tags": ["finding"]},
+                         outputs=[new_output("display_data", data={"text/markdown": markdown, "text/plain": "<md>"})])
+
+
+def _studied(summary_section: bool) -> nbformat.NotebookNode:
+    cells = [new_markdown_cell("# 09 · A study\n\nIntro paragraph of the study."),
+             new_markdown_cell("## Setup"), new_code_cell("setup = 1"),
+             new_markdown_cell("## 1. Section one"),
+             _finding("**Finding.** Adam moved 12 frozen entries. The rest held.\n"),
+             new_markdown_cell("## 2. Which method should I use?"),
+             _finding("**Findings.**\n- Hold moved 0 entries in every seed.\n- Reset moved 0 too.\n"),
+             _finding("A finding without a label, left out of a built summary.")]
+    if summary_section:
+        cells += [new_markdown_cell("## Summary"),
+                  _finding("* Masks alone drift under Adam: 12 entries moved.\n* `hold` keeps every bit.\n")]
+    return new_notebook(cells=cells)
+
+
+def _order(page: str, *needles: str) -> list[int]:
+    text = " ".join(BeautifulSoup(page, "html.parser").get_text().split())
+    return [text.index(n) for n in needles]
+
+
+def test_report_moves_its_summary_section_right_after_the_title(tmp_path):
+    path = tmp_path / "09_study.ipynb"
+    nbformat.write(_studied(summary_section=True), path)
+    page, report = html_report.render_report(path, note="*How this run was timed:* otherwise idle.")
+    assert report.summary == "moved"
+    title, summary, drift, note, intro, section = _order(page, "09 · A study", "Summary", "Masks alone drift",
+                                                         "How this run was timed", "Intro paragraph", "Section one")
+    assert title < summary < drift < note < intro < section
+    assert page.count("Masks alone drift") == 1  # moved, not copied
+    assert nbformat.read(path, as_version=4).cells[-2].source == "## Summary"  # the notebook itself is untouched
+
+
+def test_report_without_a_summary_section_gets_one_built_from_its_labelled_findings(tmp_path):
+    path = tmp_path / "09_study.ipynb"
+    nbformat.write(_studied(summary_section=False), path)
+    page, report = html_report.render_report(path)
+    assert report.summary == "built"
+    title, summary, first, second, intro = _order(page, "09 · A study", "Summary", "Adam moved 12 frozen entries.",
+                                                  "Hold moved 0 entries in every seed.", "Intro paragraph")
+    assert title < summary < first < second < intro
+    text = " ".join(BeautifulSoup(page, "html.parser").get_text().split())
+    assert text.count("A finding without a label") == 1  # only where the notebook put it
+    assert text.count("Reset moved 0 too.") == 1  # a list finding opens the summary with its first item only
+
+
+def test_main_finding_is_the_first_summary_item_else_the_first_labelled_finding():
+    assert summary.main_finding(_studied(summary_section=True)) == "Masks alone drift under Adam: 12 entries moved."
+    assert summary.main_finding(_studied(summary_section=False)) == "Adam moved 12 frozen entries. The rest held."
+    assert summary.main_finding(new_notebook(cells=[new_markdown_cell("# Only a title")])) is None
+    assert summary.opening("**Finding.** One is 1. Two is 2. Three is 3.", max_chars=10) == "One is 1. Two is 2."
+    assert summary.section_anchor(_studied(True), r"^\d\. which method") == "2.-Which-method-should-I-use?"
+
+
+def test_index_starts_here_with_each_studys_main_finding_and_the_which_method_table(tmp_path):
+    out = _fake_results(tmp_path)
+    nbformat.write(_studied(summary_section=True), out / "01_first" / "01_first.ipynb")
+    nb = _studied(summary_section=False)
+    nb.cells[5].source = "## Which method should I use?"
+    nbformat.write(nb, out / "02_second" / "02_second.ipynb")
+    (out / "02_second" / "which_method.csv").write_text("task,method\n")
+    soup = BeautifulSoup(site.write_index(out).read_text(), "html.parser")
+    start = soup.find("section", id="start-here")
+    assert start is not None and start.find_previous("section") is None  # before every study's section
+    assert soup.get_text().index("Start here") < soup.get_text().index("Generated by")  # before the run metadata
+    lines = [" ".join(li.get_text().split()) for li in start.find_all("li")]
+    assert lines == ["01 · First study: Masks alone drift under Adam: 12 entries moved.",
+                     "02 · Second & <last>: Adam moved 12 frozen entries. The rest held."]
+    assert [a["href"] for a in start.find_all("li")[0].find_all("a")] == ["#01_first"]
+    links = [a["href"] for a in start.find_all("p")[-1].find_all("a")]
+    assert links == ["02_second/02_second.html#Which-method-should-I-use?", "02_second/which_method.csv"]
+
+
+def test_index_says_so_when_a_study_recorded_no_finding(tmp_path):
+    out = _fake_results(tmp_path)  # its notebooks are empty files
+    start = BeautifulSoup(site.write_index(out).read_text(), "html.parser").find("section", id="start-here")
+    assert [" ".join(li.get_text().split()) for li in start.find_all("li")] == [
+        "01 · First study: no finding recorded", "02 · Second & <last>: no finding recorded"]
 
 
 # --- signals ---------------------------------------------------------------------------------------------

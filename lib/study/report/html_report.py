@@ -8,6 +8,8 @@ What the reader gets, and why:
   their outputs (tables, figures, printed numbers) are what the report is for. Hidden cells get nbconvert's
   ``transient.remove_source`` flag in the report's copy only.
 * **Title**: the notebook's first ``# `` heading (``<title>`` and browser tab), not nbconvert's "Notebook".
+* **Summary first**: right after the title comes the notebook's ``## Summary`` section, moved up; a notebook
+  without one gets a summary built from the openings of its labelled findings (``study.report.summary``).
 * **No noise**: the executed ``.ipynb`` stays the honest record of the run (stderr, TensorFlow's log lines and
   warnings are kept there); only the *report* is filtered. ``clean_outputs`` drops ``stderr`` stream outputs and
   bare Python reprs (``PosixPath('...')``, ``<... object at 0x...>``, matplotlib artist reprs) that a cell's last
@@ -44,6 +46,8 @@ import jinja2
 import nbformat
 from nbconvert import HTMLExporter
 from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
+
+from study.report.summary import put_summary_first
 
 SHOW_INPUT_TAG = "show-input"
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/svg+xml")
@@ -181,6 +185,7 @@ class CleanReport:
     alt_from_caption: int = 0
     alt_fallback: list[str] = field(default_factory=list)
     external: list[str] = field(default_factory=list)  # network URLs an output itself put in the page
+    summary: str = "none"  # the summary first: "moved" (the notebook's own section), "built" (from its findings)
 
 
 def _plain_heading(text: str) -> str:
@@ -289,6 +294,24 @@ def external_urls(page: str) -> list[str]:
     return found
 
 
+def _after_title(nb: Any) -> int:
+    """The index right after the title heading. A title cell that goes on after its ``# `` line (an intro) is split
+    in two, in the report's copy, so that what goes first comes before the intro."""
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "markdown":
+            continue
+        lines = cell.source.splitlines()
+        h = next((k for k, line in enumerate(lines) if re.match(r"^ {0,3}#\s", line)), None)
+        if h is None:
+            continue
+        rest = "\n".join(lines[h + 1:]).strip()
+        if rest:
+            cell.source = "\n".join(lines[:h + 1])
+            nb.cells.insert(i + 1, nbformat.v4.new_markdown_cell(rest))
+        return i + 1
+    return 0
+
+
 def render_report(executed: str | Path, html_path: str | Path | None = None,
                   nb: Any = None, note: str | None = None) -> tuple[str, CleanReport]:
     """Render ``executed`` (an .ipynb, left untouched) as HTML; write it to ``html_path`` if given. ``note``
@@ -296,10 +319,10 @@ def render_report(executed: str | Path, html_path: str | Path | None = None,
     executed = Path(executed)
     nb = copy.deepcopy(nb) if nb is not None else nbformat.read(executed, as_version=4)
     report = clean_outputs(nb, default_title=executed.stem)
+    at = _after_title(nb)
     if note:
-        at = next((i + 1 for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
-                   and re.search(r"(?m)^ {0,3}#\s", c.source)), 0)
         nb.cells.insert(at, nbformat.v4.new_markdown_cell(note))
+    report.summary = put_summary_first(nb, at)  # the summary before the note and everything else
     body, _ = ReportExporter().from_notebook_node(nb, resources={"metadata": {"name": report.title}})
     report.external = external_urls(body)
     if html_path is not None:

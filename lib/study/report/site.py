@@ -2,7 +2,9 @@
 
 ``index.html``: one offline page over every study.
 
-Per study (in ``manifest.json`` order): its title, how and when it ran, its headline table (``metrics.json`` key
+It opens with "start here": one line per study with its main finding, as the run filled it into the executed
+notebook (``study.report.summary.main_finding``), and a link to the which-method table (the report section headed
+"Which method ...", and its ``which_method.csv``). Then, per study (in ``manifest.json`` order): its title, how and when it ran, its headline table (``metrics.json`` key
 ``headline``, a flat dict), thumbnails of its figures linking to the PNGs (alt text = the caption
 ``reporting.save_figure`` recorded), and links to its HTML report, executed notebook and tables. Plain HTML and
 inline CSS, no script, relative links only, so it works opened from disk. The pipeline rewrites it (atomically)
@@ -19,6 +21,7 @@ import csv
 import html
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,9 +30,13 @@ from urllib.parse import quote
 from study.report.cache import machine_line
 from study.report.load import describe as describe_load
 from study.report.reporting import NOT_DESCRIBED, figure_captions, read_json, table_columns, write_text
+from study.report.summary import main_finding, section_anchor
 
 INDEX = "index.html"
 REPRODUCTION = "REPRODUCTION.md"
+WHICH_METHOD = r"^which method"
+"""A report section whose heading matches this (any case) is the which-method table "start here" links to."""
+WHICH_METHOD_TABLE = "which_method.csv"
 
 _CSS = """
 body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0 auto;
@@ -48,6 +55,8 @@ td.value { font-variant-numeric: tabular-nums; white-space: nowrap; }
 .figures img { width: 320px; height: 210px; object-fit: contain; border: 1px solid #ddd; background: #fff; }
 .figures figcaption { font-size: 0.82em; color: #444; margin-top: 0.2em; }
 .missing { color: #a00; }
+section.start { background: #f6f8fa; border: 1px solid #d8dee4; padding: 0.6em 1.2em 0.4em; margin: 0.8em 0 1.2em; }
+section.start li { margin: 0.35em 0; }
 """
 
 
@@ -99,6 +108,49 @@ def figures(folder: Path) -> list[tuple[str, str]]:
         caption = captions.get(f) or _png_description(folder / f) or Path(f).stem.replace("_", " ").capitalize()
         out.append((f, caption))
     return out
+
+
+def _notebook(folder: Path, name: str) -> Any:
+    """The executed notebook ``folder/name.ipynb``, or None when it is missing or unreadable."""
+    path = folder / f"{name}.ipynb"
+    if not path.is_file():
+        return None
+    try:
+        import nbformat
+
+        return nbformat.read(path, as_version=4)
+    except Exception:  # an unreadable notebook only costs its line in "start here"
+        return None
+
+
+def _inline(markdown: str) -> str:
+    """One line of Markdown as HTML: escaped, with `code`, **bold** and *emphasis* kept."""
+    out = _e(markdown)
+    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+    out = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
+    return re.sub(r"(?<![\w*])\*([^*\s][^*]*)\*(?![\w*])", r"<em>\1</em>", out)
+
+
+def _start_here(out: Path, names: list[str], manifest: dict[str, Any]) -> str:
+    """The "start here" section: each study's main finding, and where the which-method table is."""
+    items, which = [], []
+    for name in names:
+        folder = out / name
+        nb = _notebook(folder, name)
+        finding = main_finding(nb) if nb is not None else None
+        title = _e(study_title(folder, name, manifest.get(name) or {}))
+        text = _inline(finding) if finding else '<span class="missing">no finding recorded</span>'
+        items.append(f'<li><a href="#{_e(name)}">{title}</a>: {text}</li>')
+        section = section_anchor(nb, WHICH_METHOD) if nb is not None else None
+        if section and (folder / f"{name}.html").is_file():
+            which.append(f'<a href="{_url(name, name + ".html")}#{quote(section, safe="-?.,:()")}">'
+                         f"{title}, section “{_e(section.replace('-', ' '))}”</a>")
+        if (folder / WHICH_METHOD_TABLE).is_file():
+            which.append(f'<a href="{_url(name, WHICH_METHOD_TABLE)}">{_e(WHICH_METHOD_TABLE)}</a>')
+    line = (f'<p>Which method for which job: {" and ".join(which)}.</p>' if which else "")
+    return ('<section class="start" id="start-here">\n<h2>Start here</h2>\n'
+            "<p class=\"meta\">Each study's main finding, in the words and numbers its run filled in.</p>\n"
+            f'<ul>\n{chr(10).join(items)}\n</ul>\n{line}\n</section>')
 
 
 def _study_section(out: Path, name: str, entry: dict[str, Any]) -> str:
@@ -171,6 +223,7 @@ def render_index(out: Path) -> str:
         summary += (f' How close the last rerun on each machine came to the committed results: '
                     f'<a href="{REPRODUCTION}">{REPRODUCTION}</a>.')
     body = "\n".join(sections) if sections else "<p>No study has finished in this folder yet.</p>"
+    start = _start_here(out, names, manifest) if names else ""
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -182,6 +235,7 @@ def render_index(out: Path) -> str:
 <body>
 <header>
 <h1>Study results</h1>
+{start}
 <p class="meta">Generated by <code>python -m study.report</code> from <code>manifest.json</code> and each study's
 <code>metrics.json</code>; do not edit. Everything here is local: it opens from disk.{summary}</p>
 <ol>{toc}</ol>
