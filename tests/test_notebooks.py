@@ -71,6 +71,10 @@ def test_every_report_is_titled_offline_clean_and_described(smoke_results, noteb
     assert section.h2.get_text() == title
     assert section.find("a", href=f"{notebook.stem}/{notebook.stem}.html") is not None
     assert len(section.find_all("img")) == len(list((smoke_results / notebook.stem).glob("*.png")))
+    line = index.find("section", id="start-here").find("a", href=f"#{notebook.stem}").parent
+    assert "no finding recorded" not in line.get_text()  # "start here" has this study's main finding
+    headings = [h.get_text().strip("¶ ") for h in soup.find_all(["h1", "h2"])]
+    assert headings[1] == "Summary", headings  # the summary comes right after the title
 
 
 @pytest.mark.slow  # the smoke run of every notebook (about 7 min): make test-slow (CI)

@@ -372,6 +372,17 @@ def test_index_says_so_when_a_study_recorded_no_finding(tmp_path):
         "01 · First study: no finding recorded", "02 · Second & <last>: no finding recorded"]
 
 
+
+def test_every_committed_study_has_a_main_finding_and_a_summary_to_put_first():
+    manifest = json.loads((REPO / "results" / "manifest.json").read_text())
+    assert manifest, "results/manifest.json lists no study"
+    for name in manifest:
+        nb = nbformat.read(REPO / "results" / name / f"{name}.ipynb", as_version=4)
+        finding = summary.main_finding(nb)
+        assert finding and "{{" not in finding, (name, finding)  # filled in by the run, not a template
+        assert summary.put_summary_first(nb, 1) in ("moved", "built"), name
+        assert summary.summary_span(nb)[0] == 1, name  # it is now right after the title cell
+
 # --- signals ---------------------------------------------------------------------------------------------
 
 
