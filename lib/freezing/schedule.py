@@ -14,6 +14,7 @@ from typing import Any
 
 import keras
 
+from freezing import _keras_api
 from freezing._wrappers import wrapper_chain
 from freezing.masked_optimizer import MaskedOptimizer
 
@@ -31,6 +32,15 @@ def _find_masked(optimizer: Any) -> MaskedOptimizer:
             "optimizer=freezing.MaskedOptimizer(...) to schedule masks"
         )
     return seen
+
+
+def _layer_weights(optimizer: MaskedOptimizer, layer: Any) -> list[Any]:
+    """The layer's weights the optimizer updates: not ``layer.trainable_weights``, which leaves out what ``SkipFrozen``
+    skips (so a stage that unfreezes a skipped layer would find nothing to unfreeze)."""
+    if not optimizer.built:
+        return list(layer.trainable_weights)
+    known = {_keras_api.key(v) for v in _keras_api.trainable_variables(optimizer)}
+    return [w for w in layer.weights if _keras_api.key(w) in known]
 
 
 class MaskSchedule(keras.callbacks.Callback):
@@ -116,7 +126,7 @@ class MaskSchedule(keras.callbacks.Callback):
     def _apply(self, stage: Stage) -> None:
         optimizer = self.optimizer or _find_masked(self.model.optimizer)
         for target, keep in stage.items():
-            variables = target.trainable_weights if isinstance(target, keras.layers.Layer) else [target]
+            variables = _layer_weights(optimizer, target) if isinstance(target, keras.layers.Layer) else [target]
             for v in variables:
                 if keep is None:
                     optimizer.clear_mask(v)

@@ -178,7 +178,6 @@ class SkipFrozen(keras.callbacks.Callback):
             raise ValueError(f"SkipFrozen: optimizer must be a freezing.MaskedOptimizer or None; got "
                              f"{type(optimizer).__name__}")
         self.optimizer = optimizer
-        self.retraces = 0  # train functions rebuilt by this callback (each one traces once when next called)
         self._masked: MaskedOptimizer | None = None
         self._seen = -1
 
@@ -234,7 +233,6 @@ class SkipFrozen(keras.callbacks.Callback):
                 v.trainable = False
                 record.flipped[k] = v
         self.model.make_train_function(force=True)
-        self.retraces += 1
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         """Follow any mask stored since the last step (a full read at each epoch's first step)."""
