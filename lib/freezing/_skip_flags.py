@@ -26,9 +26,23 @@ class Skips:
     version: int = 0
     flipped: dict[int, Any] = field(default_factory=dict)
     model: Any = None  # a weakref.ref to the model whose train function reads the flags
+    parked: Any = None  # Parked: the train function of the last fit's skipped set, for the next fit to take back
 
     def owner(self) -> Any:
         return None if self.model is None else self.model()
+
+
+@dataclass(frozen=True)
+class Parked:
+    """A train function traced with ``skipped`` left out and ``trained`` differentiated, put aside at the end of a
+    ``fit`` when the flags came back on; ``placeholder`` is the untraced function left on the model then. The
+    next ``fit`` takes it back only if the model still has that placeholder (no ``compile`` or other rebuild in
+    between) and, once the same flags are off again, differentiates exactly ``trained``: no retrace."""
+
+    skipped: frozenset
+    trained: frozenset
+    function: Any
+    placeholder: Any
 
 
 _SKIPS: weakref.WeakKeyDictionary[Any, Skips] = weakref.WeakKeyDictionary()
@@ -59,6 +73,7 @@ def restore(record: Skips, keys: Any = None) -> bool:
 def retrace(record: Skips) -> None:
     """Make the model's next step trace again with the flags as they are now (no trace happens here)."""
     model = record.owner()
+    record.parked = None
     if model is not None and getattr(model, "train_function", None) is not None:
         model.make_train_function(force=True)
 

@@ -142,7 +142,9 @@ class SkipFrozen(keras.callbacks.Callback):
     (``model.make_train_function(force=True)``): one retrace per change, nothing recompiled, the optimizer
     and its state untouched. It only ever turns back on a flag it turned off itself (a flag you set stays
     as you set it): when a mask lets the variable train again (at once, in ``set_mask``), and at the end of
-    ``fit``. Flags are not saved with a model or a checkpoint. If ``fit`` raises, the flags stay off until
+    ``fit``; the train function of that ``fit`` is put aside, and the next ``fit`` with the same wholly frozen
+    set takes it back (no retrace) unless the model was compiled again. Flags are not saved with a model or a
+    checkpoint. If ``fit`` raises, the flags stay off until
     the masks that froze them change or the next ``fit`` with a ``SkipFrozen`` starts.
 
     Args:
@@ -232,7 +234,12 @@ class SkipFrozen(keras.callbacks.Callback):
             if k not in record.flipped:
                 v.trainable = False
                 record.flipped[k] = v
-        self.model.make_train_function(force=True)
+        parked, record.parked = record.parked, None
+        if (parked is not None and parked.skipped == set(skip) and self.model.train_function is parked.placeholder
+                and parked.trained == {_keras_api.key(v) for v in self.model.trainable_variables}):
+            self.model.train_function = parked.function  # the last fit's step for this very set: no retrace
+        else:
+            self.model.make_train_function(force=True)
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         """Follow any mask stored since the last step (a full read at each epoch's first step)."""
@@ -243,6 +250,10 @@ class SkipFrozen(keras.callbacks.Callback):
         if self._masked is None:
             return
         record = _skip_flags.skips(self._masked)
+        skipped = frozenset(record.flipped)
+        trained = frozenset(_keras_api.key(v) for v in self.model.trainable_variables)
+        function = self.model.train_function
         if _skip_flags.restore(record):
             self.model.make_train_function(force=True)
+            record.parked = _skip_flags.Parked(skipped, trained, function, self.model.train_function)
         self._masked = None

@@ -298,3 +298,20 @@ def test_mirrored_strategy_gives_the_bits_of_masks_only(tmp_path):
     assert r["True"]["weights"] == r["False"]["weights"] and r["True"]["state"] == r["False"]["state"]
     assert r["True"]["traced"] == STAGES_TRACED and not r["True"]["frozen_moved"]
     assert all(r["True"]["flags"].values()) and r["True"]["iterations"] == 24
+
+
+def test_fit_after_fit_with_the_same_frozen_set_does_not_retrace_and_compile_in_between_does():
+    model, opt = scenario.build()
+    counter = scenario.TraceCounter()
+    for v in model.get_layer("fc1").weights:
+        opt.set_mask(v, False)
+    for _ in range(3):
+        model.fit(scenario.X, scenario.Y, batch_size=16, epochs=1, verbose=0, callbacks=[counter, SkipFrozen()])
+        assert all(v.trainable for v in model.weights)
+    assert counter.traced == [EVERYTHING[2:]]
+    model.compile(optimizer=opt, loss="mse")  # a new train function: the parked one is not taken back
+    model.fit(scenario.X, scenario.Y, batch_size=16, epochs=1, verbose=0, callbacks=[counter, SkipFrozen()])
+    assert counter.traced == [EVERYTHING[2:]] * 2
+    model.get_layer("out").bias.trainable = False  # the user's flag changed: another set trains, so it traces
+    model.fit(scenario.X, scenario.Y, batch_size=16, epochs=1, verbose=0, callbacks=[counter, SkipFrozen()])
+    assert counter.traced == [EVERYTHING[2:]] * 2 + [["fc2/kernel", "fc2/bias", "out/kernel"]]
