@@ -102,11 +102,11 @@ def _bits(d: dict) -> dict:
 if __name__ == "__main__":
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     out = {}
-    for skip in (False, True):
+    for name, skip in (("False", False), ("True", True), ("False again", False)):
         r = run(skip, strategy)
         frozen_moved = any((r["snapshots"][e][p] != r["snapshots"][0][p]).any() for e in (1, 2)
                            for p in r["snapshots"][0] if "fc1" in p)
-        out[str(skip)] = {"traced": r["traced"], "weights": _bits(r["weights"]), "state": _bits(r["state"]),
+        out[name] = {"traced": r["traced"], "weights": _bits(r["weights"]), "state": _bits(r["state"]),
                           "flags": r["flags"], "frozen_moved": bool(frozen_moved),
                           "iterations": int(r["opt"].iterations.numpy())}
     with open(sys.argv[1], "w") as f:
