@@ -295,8 +295,11 @@ def test_mirrored_strategy_gives_the_bits_of_masks_only(tmp_path):
                           timeout=600, env={**os.environ})
     assert done.returncode == 0, done.stderr[-4000:]
     r = json.loads(out.read_text())
-    assert r["True"]["weights"] == r["False"]["weights"] and r["True"]["state"] == r["False"]["state"]
-    assert r["True"]["traced"] == STAGES_TRACED and not r["True"]["frozen_moved"]
+    skip, masks = r["True"], r["False"]  # the models' names differ between the two builds: compare in order
+    assert list(skip["weights"].values()) == list(masks["weights"].values())
+    assert list(skip["state"].values()) == list(masks["state"].values())
+    assert skip["traced"][::2] == skip["traced"][1::2] == STAGES_TRACED  # each trace runs both replicas' step
+    assert not skip["frozen_moved"]
     assert all(r["True"]["flags"].values()) and r["True"]["iterations"] == 24
 
 
