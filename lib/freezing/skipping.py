@@ -145,7 +145,11 @@ class SkipFrozen(keras.callbacks.Callback):
     ``fit``; the train function of that ``fit`` is put aside, and the next ``fit`` with the same wholly frozen
     set takes it back (no retrace) unless the model was compiled again. Flags are not saved with a model or a
     checkpoint. If ``fit`` raises, the flags stay off until
-    the masks that froze them change or the next ``fit`` with a ``SkipFrozen`` starts.
+    the masks that froze them change or the next ``fit`` with a ``SkipFrozen`` starts. While a ``fit`` runs, a
+    skipped variable is not in ``layer.trainable_weights`` (nor ``model.trainable_variables``): to unfreeze it from
+    a callback, name it by its layer (``set_mask(layer, True)``, as ``MaskSchedule`` does), its path, or through
+    ``layer.weights``. A model whose own ``train_step`` differentiates a list of its own, not
+    ``self.trainable_weights``, is not skipped (Keras 3.15's ``train_step`` reads ``self.trainable_weights``).
 
     Args:
         optimizer: the ``MaskedOptimizer`` to read (default: the one the model was compiled with); when
