@@ -215,9 +215,9 @@ class SkipFrozen(keras.callbacks.Callback):
 
     def _candidates(self, record: _skip_flags.Skips) -> list[Any]:
         """What the model would differentiate with no flag turned off here: its trainable variables and ours."""
-        return [v for v in self.model.trainable_variables] + [
-            v for k, v in record.flipped.items()
-            if all(_keras_api.key(w) != k for w in self.model.trainable_variables)]
+        trainable = list(self.model.trainable_variables)
+        keys = {_keras_api.key(v) for v in trainable}
+        return trainable + [v for k, v in record.flipped.items() if k not in keys]
 
     def _sync(self, full: bool) -> None:
         masked = self._masked
