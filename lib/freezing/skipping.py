@@ -134,8 +134,9 @@ class SkipFrozen(keras.callbacks.Callback):
     The model must be compiled with a ``MaskedOptimizer`` (or a ``LossScaleOptimizer`` around one); ``fit``
     builds it with the model's trainable variables, which must be every variable it will ever update. The
     callback follows the masks wherever they are changed: ``set_mask``/``clear_mask`` between ``fit`` calls or
-    from any callback, a ``MaskSchedule`` stage (in either order in ``callbacks``), a restored checkpoint.
-    Changes are seen before the next step; a full read of the masks is made at every epoch's first step.
+    from any callback, a ``MaskSchedule`` stage (in either order in ``callbacks``), ``set_weights`` or a ``.keras``
+    load: those are seen before the next step. A mask written any other way (a ``tf.train.Checkpoint`` restored
+    in the middle of a ``fit``) is seen at the next epoch's first step, where every mask is read.
 
     How: at a change it turns off the ``trainable`` flag of each newly wholly frozen variable and turns back
     on each one it turned off whose variable trains again, then rebuilds the train function

@@ -318,3 +318,23 @@ def test_fit_after_fit_with_the_same_frozen_set_does_not_retrace_and_compile_in_
     model.get_layer("out").bias.trainable = False  # the user's flag changed: another set trains, so it traces
     model.fit(scenario.X, scenario.Y, batch_size=16, epochs=1, verbose=0, callbacks=[counter, SkipFrozen()])
     assert counter.traced == [EVERYTHING[2:]] * 2 + [["fc2/kernel", "fc2/bias", "out/kernel"]]
+
+
+def test_unfreezing_by_set_weights_after_a_fit_that_raised_turns_the_flag_back_on():
+    model, opt = scenario.build()
+    opt.build(model.trainable_variables)
+    saved = opt.get_weights()  # no mask yet
+    fc1 = model.get_layer("fc1")
+
+    class Boom(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 1:
+                raise RuntimeError("boom")
+
+    for v in fc1.weights:
+        opt.set_mask(v, False)
+    with pytest.raises(RuntimeError, match="boom"):
+        model.fit(scenario.X, scenario.Y, batch_size=16, epochs=2, verbose=0, callbacks=[SkipFrozen(), Boom()])
+    assert not fc1.kernel.trainable
+    opt.set_weights(saved)  # the masks written back as they were: fc1 trains again
+    assert fc1.kernel.trainable and fc1.bias.trainable
