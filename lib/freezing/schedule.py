@@ -4,7 +4,9 @@ A Keras callback that changes a ``MaskedOptimizer``'s stored masks at epoch boun
 recompiled and no optimizer is replaced, so the moments of every entry are kept across stages (with
 ``policy="hold"`` a frozen entry resumes from the moments it had when it was frozen). This is the
 answer to Keras' ``trainable`` trap: flipping ``layer.trainable`` after ``compile`` does nothing until
-you recompile, and recompiling with the same optimizer raises "Unknown variable".
+you recompile, and recompiling with the same optimizer raises "Unknown variable". With ``freezing.SkipFrozen()``
+in the same ``callbacks`` (before or after the schedule), a layer a stage freezes whole is also left out of the
+gradient computation: one retrace per stage, the state kept as here.
 """
 
 from __future__ import annotations
