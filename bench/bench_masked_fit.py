@@ -7,11 +7,14 @@ run in interleaved rounds (the order rotates every round; one round = one ``fit`
 * ``hold``       -- ``MaskedOptimizer(Adam)`` with a stored per-element mask on EVERY trainable
   variable, a fresh random half frozen, set by a callback at every ``on_epoch_begin``.
 * ``hold_one``   -- the same on one variable of the eight (``conv2`` kernel, 51,200 entries).
-* ``frozen_half``-- ``conv1`` and ``conv2`` wholly frozen by ``set_mask(v, False)``; compared with
-  ``untrainable``, plain Adam with those layers ``trainable=False`` (Keras' own way, which also
-  stops computing their gradients), and with ``recompiled_half``: the MaskedOptimizer built on
-  every variable, then those layers ``trainable=False`` and ``compile`` again with it (what to do
-  when a freeze lasts: Keras skips their gradients, the optimizer keeps every slot).
+* ``frozen_half``-- ``conv1`` and ``conv2`` wholly frozen the way the library README tells a user to:
+  ``set_mask(v, False)`` and ``fit(..., callbacks=[freezing.SkipFrozen()])`` (their gradients are not
+  computed, their optimizer state is kept); compared with ``untrainable``, plain Adam with those layers
+  ``trainable=False`` (Keras' own way, which also stops computing their gradients), and with
+  ``recompiled_half``: the MaskedOptimizer built on every variable, then those layers ``trainable=False``
+  and ``compile`` again with it (the same skip, by hand, between ``fit`` calls only).
+* ``frozen_half_masks`` -- the same masks without ``SkipFrozen``: the gradients of the frozen layers are
+  computed and thrown away (what skipping buys).
 * ``mask_fn``    -- ``mask_fn=random_keep``: a fresh random mask every step, computed in the graph
   from random bits seeded by the step; nothing stored (``mask_fn_uniform``, by name only: the
   same with ``stateless_uniform(shape) < 0.5``, three times the random-number cost).
@@ -24,7 +27,7 @@ run in interleaved rounds (the order rotates every round; one round = one ``fit`
   bits selected back) instead of the guarded write (what the guarded write buys).
 * ``hold_unfused`` -- as ``hold`` with ``WriteTuning.fuse_above`` out of reach: every guarded
   write as TensorFlow's add, select and assign instead of one XLA-compiled pass (what fusing buys).
-* ``frozen_half_undispatched`` -- as ``frozen_half`` with ``WriteTuning.dispatch_above`` out of reach: every
+* ``frozen_half_undispatched`` -- as ``frozen_half_masks`` with ``WriteTuning.dispatch_above`` out of reach: every
   variable takes the masked update, the wholly frozen ones included (what the per-variable
   ``switch_case`` buys).
 * ``dense_fc1``, ``sparse_fc1`` -- FISH-style sparse fine-tuning: a fixed 1% of ``fc1``'s kernel
@@ -57,7 +60,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from freezing import MaskedOptimizer, WriteTuning, slots  # noqa: E402
+from freezing import MaskedOptimizer, SkipFrozen, WriteTuning, slots  # noqa: E402
 from study.models import deep_mnist_cnn  # noqa: E402
 
 TARGET = 1.05
@@ -170,7 +173,7 @@ def _fc1_selection(model: keras.Model, seed: int) -> np.ndarray:
 
 
 VARIANTS = ("plain", "unmasked", "unmasked_restore", "hold", "hold_restore", "hold_adamw_restore", "hold_unfused", "hold_one", "hold_adamw", "plain_adamw", "frozen_half",
-            "frozen_half_undispatched", "untrainable", "recompiled_half", "mask_fn", "dense_fc1", "sparse_fc1")
+            "frozen_half_masks", "frozen_half_undispatched", "untrainable", "recompiled_half", "mask_fn", "dense_fc1", "sparse_fc1")
 PROFILE_VARIANTS = ("mask_fn_uniform",)  # by name only: --variants
 
 
@@ -199,11 +202,13 @@ def make_variants(names: list[str], seed: int, jit: bool) -> dict:
             opt.build(model.trainable_variables)
             for layer in HALF:
                 model.get_layer(layer).trainable = False
-        elif name in ("frozen_half", "frozen_half_undispatched"):
+        elif name in ("frozen_half", "frozen_half_masks", "frozen_half_undispatched"):
             opt = MaskedOptimizer(adam)
             for layer in HALF:
                 for v in model.get_layer(layer).trainable_variables:
                     opt.set_mask(v, False)
+            if name == "frozen_half":  # as the README shows: the wholly frozen layers are not differentiated
+                callbacks.append(SkipFrozen())
         elif name in ("dense_fc1", "sparse_fc1"):
             opt = MaskedOptimizer(adam, state="sparse" if name == "sparse_fc1" else "dense")
             for v in model.trainable_variables:
@@ -253,7 +258,7 @@ def _met(ok: bool) -> str:
 
 
 def _reference(name: str) -> str:
-    return {"frozen_half": "untrainable", "frozen_half_undispatched": "untrainable", "recompiled_half": "untrainable",
+    return {"frozen_half": "untrainable", "frozen_half_masks": "untrainable", "frozen_half_undispatched": "untrainable", "recompiled_half": "untrainable",
             "sparse_fc1": "dense_fc1", "hold_adamw": "plain_adamw", "hold_adamw_restore": "plain_adamw"}.get(name, "plain")
 
 
@@ -308,7 +313,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     comparisons = {}
     pairs = [(name, _reference(name)) for name in names if name != "plain"]
-    pairs += [(name, "plain") for name in ("hold_adamw", "frozen_half") if name in names]  # also against plain fit
+    pairs += [(name, "plain") for name in ("hold_adamw", "frozen_half", "frozen_half_masks") if name in names]  # also against plain fit
     for name, ref in pairs:
         c = {"variant": name, "reference": ref}
         for key, table in (("", per_round), ("epoch_", per_round_epoch), ("min_step_", per_round_min),

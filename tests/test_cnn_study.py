@@ -269,3 +269,16 @@ def test_a_count_range_shows_one_number_where_every_seed_agrees():
     assert set(summary.columns) == set(cnn.FINETUNE_SUMMARY_COLUMNS)
     shown = cnn.display_table(summary, ["acc_new"], ["method"], counts={"conv_changed_entries": "changed"})
     assert shown.iloc[0]["changed"] == "52,095–52,096" == reporting.count_range(52095, 52096)
+
+
+@pytest.mark.slow  # pretrains and fine-tunes the 3.3M-parameter CNN twice (a minute or more on 2 cores)
+def test_masked_skip_fine_tunes_as_recompiling_with_trainable_false_does_and_keeps_every_conv_bit():
+    from study.data import load_mnist  # the bundled digits: offline
+    from study.cnn.finetune import finetune_study
+    config = cnn.CnnStudyConfig(seeds=[0], finetune_optimizers=["adam"], pretrain_steps=3, finetune_steps=3,
+                                eval_samples=20, finetune_methods=["trainable_recompile", "masked_skip"])
+    data = load_mnist(train_limit=400)
+    rows = finetune_study(config, data, progress=False).set_index("method")
+    assert rows.loc["masked_skip", "conv_changed_entries"] == 0
+    assert rows.loc["masked_skip", "acc_new"] == rows.loc["trainable_recompile", "acc_new"]
+    assert rows.loc["masked_skip", "acc_old"] == rows.loc["trainable_recompile", "acc_old"]

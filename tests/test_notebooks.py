@@ -147,6 +147,8 @@ def test_02_mnist_cnn_freezing_metrics(smoke_results):
     assert ft["adam/gate"]["conv_changed_entries_mean"] > 0  # zero gradients, but Adam's moments carry over
     assert ft["sgd/gate"]["conv_changed_entries_mean"] == 0  # plain SGD honours a zero gradient
     assert ft["adam/trainable_no_recompile"]["conv_changed_entries_mean"] > 0  # Keras' trap, shown honestly
+    assert ft["adam/masked_skip"]["conv_changed_entries_mean"] == 0  # masks + SkipFrozen: exact, no gradient
+    assert set(m["finetune_skip_time_ratio"]) == set(m["config"]["finetune_optimizers"])
     assert m["fixed_policies_changed_entries"] == 0
     assert m["masks"]["adam/naive/p=0.5"]["frozen_changed_total_mean"] > 0
     assert m["masks"]["adam/hold/p=0.5"]["frozen_changed_total_mean"] == 0

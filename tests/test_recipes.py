@@ -331,6 +331,22 @@ def test_optimizer_state_is_kept_across_stages_only_by_mask_schedule(smoke):
 
 @pytest.mark.slow  # reads the smoke run of every notebook (about 7 min): make test-slow (CI)
 @pytest.mark.notebook
+def test_skip_frozen_keeps_the_schedule_exact_and_each_stage_is_timed_against_a_fresh_recompile(smoke):
+    m, _ = smoke
+    u = m["unfreezing"]["methods"]
+    sk, ms = u["skip_frozen"], u["mask_schedule"]
+    assert sk["state_kept"] and sk["boundaries_kept"] == sk["boundaries"] > 0 and sk["unfrozen_trained"]
+    assert sk["frozen_moved_max"] == 0 and sk["acc_new"] == ms["acc_new"]  # the schedule's training, bit for bit
+    stages = len(sk["stage_step_ratio"])
+    assert stages == sk["boundaries"] + 1 and len(sk["stage_step_ratio_min"]) == len(sk["stage_step_ratio_max"]) == stages
+    assert all(lo <= mid <= hi for lo, mid, hi in zip(sk["stage_step_ratio_min"], sk["stage_step_ratio"],
+                                                      sk["stage_step_ratio_max"]))
+    assert "stage_step_ratio" not in u["recompile_fresh"]  # the reference itself
+    assert m["keras_trainable_warnings"] == 0  # Keras 3.15's warning sits after a raise: it never fires
+
+
+@pytest.mark.slow  # reads the smoke run of every notebook (about 7 min): make test-slow (CI)
+@pytest.mark.notebook
 def test_diagnose_names_the_measured_cause_of_each_naive_variant(smoke):
     m, _ = smoke
     assert m["new_columns"]["diagnose"]["gradient_mask"] == ["weight_decay"]

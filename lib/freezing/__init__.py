@@ -18,6 +18,9 @@ One module per idea:
                           model with its own ``compile`` (keras-hub tasks), masks and state included.
 * ``tuning``           -- ``WriteTuning``: where ``MaskedOptimizer`` switches between its exact constructions.
 * ``schedule``         -- ``MaskSchedule``: staged unfreezing inside one ``fit`` call.
+* ``skipping``         -- ``SkipFrozen`` (``fit``), ``variables_to_differentiate`` (custom loops): a tensor frozen
+                          whole is not differentiated, as with ``trainable=False``; its state is kept
+                          (``_skip_flags``: the flags it turned off, put back).
 * ``audit``            -- ``FreezeAudit``: how many frozen entries moved, and by how much.
 * ``diagnose``         -- ``diagnose``: every cause that can move entries you believe frozen, and the fix.
 * ``determinism``      -- ``enable_determinism``: seeds plus op determinism, bit-reproducible on CPU.
@@ -49,6 +52,7 @@ from freezing.gates import gate
 from freezing.loading import load_model
 from freezing.masked_optimizer import NORMS, POLICIES, STATES, MaskedOptimizer
 from freezing.schedule import MaskSchedule
+from freezing.skipping import SkipFrozen, variables_to_differentiate
 from freezing.selection import select_variables, variable_path
 from freezing.tuning import WriteTuning
 from freezing.slots import SlotStash, reset_slots, restore_slots, slot_initial_value, slots, stash_slots
@@ -69,6 +73,7 @@ __all__ = [
     "NORMS",
     "POLICIES",
     "STATES",
+    "SkipFrozen",
     "SlotStash",
     "WriteTuning",
     "diagnose",
@@ -83,5 +88,6 @@ __all__ = [
     "stash_slots",
     "unwrap",
     "variable_path",
+    "variables_to_differentiate",
     "wrapper_chain",
 ]

@@ -19,7 +19,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from freezing import _keras_api, _masks
+from freezing import _keras_api, _masks, _skip_flags
 from freezing.selection import variable_path
 
 
@@ -107,6 +107,8 @@ class SavedState:
             checked.append(value)
         for value, variable in zip(checked, variables):
             variable.assign(value)
+            if id(variable) in masks:  # SkipFrozen follows a mask written this way as one set_mask stores
+                _skip_flags.mask_stored(self, masks[id(variable)], np.asarray(value))
 
     def _without_legacy_modes(self, values: list[np.ndarray], expected: int, where: str) -> list[np.ndarray]:
         """State written by freezing before the mask became the only record: one int32 mode per variable after the

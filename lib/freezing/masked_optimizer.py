@@ -69,7 +69,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from freezing import _distribute, _keras_api, _masks
+from freezing import _distribute, _keras_api, _masks, _skip_flags
 from freezing._sparse_state import SparseState
 from freezing._saving import SavedState
 from freezing._sizes import StateSizes
@@ -399,6 +399,7 @@ class MaskedOptimizer(InnerSurface, SavedState, StateSizes, keras.optimizers.Opt
         self._masks.keep[index].assign(stored)
         if reset and not (stored.ndim == 0 and bool(stored)):
             self._reset_slots(variable, stored)
+        _skip_flags.mask_stored(self, variable, stored)  # SkipFrozen: a change to follow, a flag to turn back on
 
     def _reset_slots(self, variable: Any, keep: np.ndarray) -> None:
         entries = entries_for(self._leaves(), [variable], {_keras_api.key(variable): lambda: tf.constant(keep)},

@@ -4,7 +4,9 @@ A Keras callback that changes a ``MaskedOptimizer``'s stored masks at epoch boun
 recompiled and no optimizer is replaced, so the moments of every entry are kept across stages (with
 ``policy="hold"`` a frozen entry resumes from the moments it had when it was frozen). This is the
 answer to Keras' ``trainable`` trap: flipping ``layer.trainable`` after ``compile`` does nothing until
-you recompile, and recompiling with the same optimizer raises "Unknown variable".
+you recompile, and recompiling with the same optimizer raises "Unknown variable". With ``freezing.SkipFrozen()``
+in the same ``callbacks`` (before or after the schedule), a layer a stage freezes whole is also left out of the
+gradient computation: one retrace per stage, the state kept as here.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import keras
 
+from freezing import _keras_api
 from freezing._wrappers import wrapper_chain
 from freezing.masked_optimizer import MaskedOptimizer
 
@@ -31,6 +34,15 @@ def _find_masked(optimizer: Any) -> MaskedOptimizer:
             "optimizer=freezing.MaskedOptimizer(...) to schedule masks"
         )
     return seen
+
+
+def _layer_weights(optimizer: MaskedOptimizer, layer: Any) -> list[Any]:
+    """The layer's weights the optimizer updates: not ``layer.trainable_weights``, which leaves out what ``SkipFrozen``
+    skips (so a stage that unfreezes a skipped layer would find nothing to unfreeze)."""
+    if not optimizer.built:
+        return list(layer.trainable_weights)
+    known = {_keras_api.key(v) for v in _keras_api.trainable_variables(optimizer)}
+    return [w for w in layer.weights if _keras_api.key(w) in known]
 
 
 class MaskSchedule(keras.callbacks.Callback):
@@ -116,7 +128,7 @@ class MaskSchedule(keras.callbacks.Callback):
     def _apply(self, stage: Stage) -> None:
         optimizer = self.optimizer or _find_masked(self.model.optimizer)
         for target, keep in stage.items():
-            variables = target.trainable_weights if isinstance(target, keras.layers.Layer) else [target]
+            variables = _layer_weights(optimizer, target) if isinstance(target, keras.layers.Layer) else [target]
             for v in variables:
                 if keep is None:
                     optimizer.clear_mask(v)

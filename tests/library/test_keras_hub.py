@@ -275,3 +275,31 @@ def test_keras_hub_is_installed_next_to_one_tensorflow():
     assert len(installed) == 1, installed
     with pytest.raises(importlib.metadata.PackageNotFoundError):
         importlib.metadata.version("tensorflow-text")
+
+
+def test_skip_frozen_on_a_task_with_its_backbone_frozen_differentiates_only_the_head():
+    task, x, y = _bert()
+    opt = MaskedOptimizer(keras.optimizers.Adam(1e-2))
+    task.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    opt.build(task.trainable_variables)
+    backbone = {v.path for v in task.backbone.trainable_weights}
+    for v in task.backbone.trainable_weights:
+        opt.set_mask(v, False)
+    traced = []
+    step = type(task).train_step
+
+    def counted(data):
+        traced.append({v.path for v in task.trainable_weights})
+        return step(task, data)
+    task.train_step = counted
+    before = {v.path: v.numpy().copy() for v in task.weights}
+    task.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[freezing.SkipFrozen()])
+    assert len(traced) == 1 and traced[0] and not traced[0] & backbone  # the head only
+    assert all(v.numpy().tobytes() == before[v.path].tobytes() for v in task.backbone.weights)
+    assert any((v.numpy() != before[v.path]).any() for v in task.trainable_weights if v.path not in backbone)
+    assert int(opt.iterations) == 4 and all(v.trainable for v in task.backbone.weights)
+    for v in task.backbone.trainable_weights:  # unfrozen: the backbone trains from its kept state
+        opt.clear_mask(v)
+    task.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[freezing.SkipFrozen()])
+    assert len(traced) == 2 and backbone <= traced[1]
+    assert any((v.numpy() != before[v.path]).any() for v in task.backbone.trainable_weights)

@@ -16,6 +16,7 @@ from freezing.audit import changed_bits
 from freezing.determinism import enable_determinism
 from freezing.masked_optimizer import MaskedOptimizer
 from freezing.selection import select_variables
+from freezing.skipping import SkipFrozen
 from study.data import MnistSplits
 from study.models import deep_mnist_cnn
 from study.optimizers import make_optimizer
@@ -94,7 +95,7 @@ def finetune_study(config: CnnStudyConfig, data: MnistSplits, progress: bool = T
         work = deep_mnist_cnn()
         work_opt = make_optimizer(name, lr)
         work_opt.build(work.trainable_variables)
-        custom = [m for m in config.finetune_methods if not m.startswith("trainable")]
+        custom = [m for m in config.finetune_methods if m in ("var_list", "gate", "masked_hold")]  # custom loops
         steps = {m: _finetune_step(work, work_opt, m) for m in custom}
         pre, pre_opt = deep_mnist_cnn(), make_optimizer(name, lr)
         pre_opt.build(pre.trainable_variables)
@@ -105,6 +106,13 @@ def finetune_study(config: CnnStudyConfig, data: MnistSplits, progress: bool = T
         for layer in ("conv1", "conv2"):
             clone.get_layer(layer).trainable = False
         clone.compile(clone_opt, loss=LOSS)  # recompiled after freezing: the documented way
+        if "masked_skip" in config.finetune_methods:  # masks freeze conv1/conv2 whole; SkipFrozen skips their gradient
+            skip, skip_inner = deep_mnist_cnn(), make_optimizer(name, lr)
+            skip_opt = MaskedOptimizer(skip_inner, "hold")
+            skip.compile(skip_opt, loss=LOSS)
+            skip_opt.build(skip.trainable_variables)
+            for v in select_variables(skip, pattern=r"/conv\d/"):
+                skip_opt.set_mask(v, False)
         for seed in config.seeds:
             init = _init_weights(seed)
             _start_run(seed, pre)
@@ -144,6 +152,15 @@ def finetune_study(config: CnnStudyConfig, data: MnistSplits, progress: bool = T
                 clone.fit(_batches(xs, ys, config.batch, config.finetune_steps, seed),
                           steps_per_epoch=config.finetune_steps, epochs=1, verbose=0, shuffle=False, callbacks=[timer])
                 record("trainable_recompile", clone, timer.times)
+            if "masked_skip" in config.finetune_methods:
+                _start_run(seed, skip)
+                skip.set_weights(weights)
+                restore(skip_inner.variables, opt_state)  # the pretrained state; the masks stay as set
+                timer = StepTimer()
+                skip.fit(_batches(xs, ys, config.batch, config.finetune_steps, seed),
+                         steps_per_epoch=config.finetune_steps, epochs=1, verbose=0, shuffle=False,
+                         callbacks=[SkipFrozen(), timer])
+                record("masked_skip", skip, timer.times)
             if "trainable_no_recompile" in config.finetune_methods:
                 _start_run(seed, pre)
                 for layer in ("conv1", "conv2"):

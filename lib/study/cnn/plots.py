@@ -16,7 +16,7 @@ from study.report.reporting import column_decimals
 
 METHOD_COLOURS = {"naive": "tab:red", "hold": "tab:green", "reset": "tab:blue", "var_list": "tab:purple",
                   "trainable_recompile": "tab:olive", "trainable_no_recompile": "tab:orange", "gate": "tab:red",
-                  "masked_hold": "tab:green"}
+                  "masked_hold": "tab:green", "masked_skip": "tab:cyan"}
 METHOD_STYLES = {"naive": "-", "hold": "--", "reset": ":"}
 """Line styles, so that methods whose lines coincide (hold and reset at 0 drift) can still be told apart."""
 CONV_ENTRIES = 52_096

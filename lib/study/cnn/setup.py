@@ -19,8 +19,8 @@ from study.optimizers import OPTIMIZERS
 from study.training import batch_indices, reseed
 
 
-FINETUNE_METHODS = ("var_list", "trainable_recompile", "trainable_no_recompile", "gate", "masked_hold")
-EXACT_FINETUNE_METHODS = ("var_list", "trainable_recompile", "masked_hold")
+FINETUNE_METHODS = ("var_list", "trainable_recompile", "trainable_no_recompile", "gate", "masked_hold", "masked_skip")
+EXACT_FINETUNE_METHODS = ("var_list", "trainable_recompile", "masked_hold", "masked_skip")
 """The fine-tuning methods that promise frozen conv layers under every optimizer."""
 MASK_METHODS = ("naive", "hold", "reset")
 BLOCKS = ("conv1", "conv2", "fc1", "fc2")

@@ -332,6 +332,8 @@ METRIC_KINDS = {
     "finetune/**/step_time_ms_std": "timing_spread", "finetune/**/step_time_ms_mean": "timing", "masks/**/step_time_ms_mean": "timing",
     "blocks/**/step_time_ms_mean": "timing", "duration_s": "timing",
     "finetune_gate_time_ratio": "timing_ratio", "finetune_masked_time_ratio": "timing_ratio",
+    "finetune_skip_time_ratio/*/median": "timing_ratio", "finetune_skip_time_ratio/*/seeds": "constant",
+    "finetune_skip_time_ratio": "timing_spread",
     "finetune_time_ratio_seeds/*/*_slower": "timing_verdict",
     "finetune_time_ratio_seeds/*/masked_below_gate": "timing_verdict", "finetune_time_ratio_seeds/*/seeds": "constant",
     "finetune_time_ratio_seeds": "timing_spread", "finetune_time_masked_faster": "timing_verdict",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 LABELS = {"gradient_mask": "gradient mask", "constraint": "constraint (restores the frozen values)",
           "exact": "exact mask", "naive_gate": "naive gate", "mask_schedule": "MaskSchedule",
+          "skip_frozen": "MaskSchedule + SkipFrozen",
           "recompile_fresh": "recompile, new optimizer", "recompile_same": "recompile, same optimizer",
           "trainable_flip": "flip trainable, no recompile", "full": "full fine-tuning", "last_layer": "last layer only",
           "sparse": "sparse (FISH), dense state", "sparse_state": "sparse (FISH), sparse state",

@@ -16,7 +16,7 @@ import pandas as pd
 from study.recipes.labels import method_label
 
 COLOURS = {"gradient_mask": "tab:red", "naive_gate": "tab:red", "constraint": "tab:orange", "exact": "tab:green",
-           "mask_schedule": "tab:green", "recompile_fresh": "tab:blue", "recompile_same": "tab:gray",
+           "mask_schedule": "tab:green", "skip_frozen": "tab:cyan", "recompile_fresh": "tab:blue", "recompile_same": "tab:gray",
            "trainable_flip": "tab:red", "full": "tab:blue", "last_layer": "tab:purple", "sparse": "tab:green",
            "sparse_state": "tab:olive", "lora": "tab:brown"}
 

@@ -28,7 +28,7 @@ OLD_CLASSES = 5
 """Digits 0-4 are the old task, 5-9 the new one."""
 NEW_COLUMN_METHODS = ("gradient_mask", "constraint", "exact")
 PRUNE_METHODS = ("gradient_mask", "constraint", "exact")
-UNFREEZE_METHODS = ("mask_schedule", "recompile_fresh", "recompile_same", "trainable_flip")
+UNFREEZE_METHODS = ("mask_schedule", "skip_frozen", "recompile_fresh", "recompile_same", "trainable_flip")
 SPARSE_METHODS = ("full", "last_layer", "sparse")
 SUBNET_METHODS = ("naive_gate", "exact")
 PRUNED_LAYER = "fc1"
@@ -104,10 +104,18 @@ COLUMNS = {
     "scenario": "what was done to layer a, in order", "layer a should": "what the user meant",
     "layer a did": "what layer a did in the last fit", "entries of a changed": "changed entries of a's kernel",
     "as expected": "did == should (bool)",
+    "keras warned": "Keras emitted a warning that mentions trainable during the last fit (bool)",
+    "stage": "stage of gradual unfreezing (0-based: stage s trains the top s+1 layers)",
+    "reference": "the method the ratio divides by (recompile_fresh: a fresh optimizer per stage)",
+    "ratio_median": "median over seeds of the method's median step time in the stage / the reference's (ratio)",
+    "ratio_min": "smallest over seeds of that ratio", "ratio_max": "largest over seeds of that ratio",
     "diagnose names": "causes freezing.diagnose named before the last fit ((none): it found none; (not asked): a "
                       "should train and the optimizer knows it)",
 }
 """Meaning and unit of every column this study's tables have (``reporting.save_table(..., columns=COLUMNS)``)."""
+for _stage in range(9):
+    COLUMNS[f"step_ms_stage{_stage}"] = (f"median wall time of a training step in stage {_stage}, its first step "
+                                         "(which may trace) left out (ms)")
 for _layer in ("head", *(f"fc{i}" for i in range(1, 9))):
     COLUMNS[f"{_layer}_changed"] = f"entries of {_layer} (kernel and bias) whose bits changed since the start (count)"
     COLUMNS[f"{_layer}_entries"] = f"entries of {_layer}, kernel and bias (count)"

@@ -58,6 +58,7 @@ def recipe_metrics(r1: StudyResult, r2: StudyResult, r3: StudyResult, r4: StudyR
                             "momentum_norm_after_min": float(b["norm_after"].min()) if len(b) else float("nan"),
                             "raised_at_stage": None if g["finished"].all() else  # 1-based: the stage whose fit raised
                             int(len(b) / max(g["seed"].nunique(), 1)) + 1,
+                            **_stage_ratios(r3.extra.get("stage_ratios"), method),
                             "step_time_ms": float(g["step_time_ms"].mean()),
                             "step_time_ms_std": float(g["step_time_ms"].std()) if len(g) > 1 else 0.0,
                             "seeds": int(g["seed"].nunique()), "extra_state_bytes": int(g["extra_state_bytes"].max())}
@@ -217,9 +218,20 @@ def _causes(diagnosis: pd.DataFrame) -> dict[str, list[str]]:
     return {m: sorted(set(g["cause"]) - {"(none)"}) for m, g in diagnosis.groupby("method", sort=False)}
 
 
+def _stage_ratios(ratios: Any, method: str) -> dict[str, list[float]]:
+    """A method's step time per stage over a fresh recompile's: median, min and max over seeds, one per stage."""
+    if ratios is None or not len(ratios) or method not in set(ratios["method"]):
+        return {}
+    r = ratios[ratios["method"] == method].sort_values("stage")
+    return {"stage_step_ratio": [float(v) for v in r["ratio_median"]],
+            "stage_step_ratio_min": [float(v) for v in r["ratio_min"]],
+            "stage_step_ratio_max": [float(v) for v in r["ratio_max"]]}
+
+
 _LABELS = {"gradient_mask": "gradient mask (zeroed gradient)", "constraint": "re-zeroing constraint",
            "exact": "exact mask (MaskedOptimizer)", "naive_gate": "naive gate (zeroed gradient)",
-           "mask_schedule": "MaskSchedule in one fit", "recompile_fresh": "recompile with a new optimizer per stage",
+           "mask_schedule": "MaskSchedule in one fit", "skip_frozen": "MaskSchedule + SkipFrozen in one fit",
+           "recompile_fresh": "recompile with a new optimizer per stage",
            "trainable_flip": "flip trainable between fits, no recompile", "full": "full fine-tuning",
            "last_layer": "last layer only", "sparse": "FISH-selected", "sparse_state": "FISH-selected"}
 
@@ -264,7 +276,7 @@ def headline(metrics: Mapping[str, Any], source: str) -> dict[str, str]:
                 "mean ± std over seeds"] = (
                 f"{format_count(row['moved_mean'], row['moved_std'])} / "
                 f"{pm(row, 'acc_finetuned', 'pruning')} / {pm(row, 'step_time_ms', 'pruning')}")
-    for method in ("mask_schedule", "recompile_fresh", "trainable_flip"):
+    for method in ("mask_schedule", "skip_frozen", "recompile_fresh", "trainable_flip"):
         if method in m3:
             r = m3[method]
             kept = method_state_kept(r, trained=r["unfrozen_trained"])
@@ -294,6 +306,8 @@ METRIC_KINDS = {  # first match wins: a specific pattern before the general one 
     "decimals/*/step_time_ms": "timing_verdict",  # a table's precision, chosen from timings (not a timing)
     "config": "constant", "freezing_version": "constant", "data_source": "constant", "data_sizes": "constant",
     "keras_version": "constant", "cnn_parameters": "constant", "fc1_kernel_entries": "constant",
+    "**/stage_step_ratio_min": "timing_spread", "**/stage_step_ratio_max": "timing_spread",
+    "**/stage_step_ratio": "timing_ratio",
     "**/step_time_ms_std": "timing_spread", "**/step_time_ms_min": "timing_spread",
     "**/step_time_ms_max": "timing_spread",
     "**/step_time_ms": "timing", "pruning/dense_adam_step_time_ms": "timing", "pruning_step_time_ms": "timing",

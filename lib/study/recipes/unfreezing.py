@@ -3,6 +3,7 @@ per stage and flipping ``trainable``; plus the ``trainable`` traps table."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -89,7 +90,8 @@ class _Compiled:
 def unfreezing_study(config: RecipesConfig, data: MnistSplits, pretrained: Mapping[int, Pretrained]) -> StudyResult:
     """Gradual unfreezing on digits 5-9, top layer first, one more every ``unfreeze_every`` epochs.
 
-    ``mask_schedule``: one ``fit`` with ``MaskSchedule``. ``recompile_fresh``: each stage compiled with its own
+    ``mask_schedule``: one ``fit`` with ``MaskSchedule``. ``skip_frozen``: the same with ``freezing.SkipFrozen``
+    (a layer frozen whole is not differentiated; one retrace per stage). ``recompile_fresh``: each stage compiled with its own
     flags and a new Adam (one compiled model per stage, its Adam reset for every seed: the same as compiling anew,
     traced once). ``recompile_same``: compile again with the same Adam (first seed only: it raises). ``trainable_flip``:
     compile once with the first stage's flags, then flip ``trainable`` between ``fit`` calls. ``unfreezing_study(cfg, data, pre)``
@@ -117,12 +119,13 @@ def unfreezing_study(config: RecipesConfig, data: MnistSplits, pretrained: Mappi
             now: dict[str, Any] = {}
             probe = _EpochProbe(lambda: (now["model"], now["opt"]), start, xt_new, yt_new, log)
             error = ""
-            if method == "mask_schedule":
+            if method in ("mask_schedule", "skip_frozen"):
                 masked.reset(weights)
                 now.update(model=masked.model, opt=masked.optimizer)
                 schedule = MaskSchedule.gradual_unfreezing(masked.layers, every=k)
+                skip = [freezing.SkipFrozen()] if method == "skip_frozen" else []  # frozen whole: not differentiated
                 masked.model.fit(data_all, epochs=epochs, steps_per_epoch=spe, verbose=0, shuffle=False,
-                                 callbacks=[schedule, probe, timer])
+                                 callbacks=[schedule, *skip, probe, timer])
             else:
                 if method == "trainable_flip":
                     _set_stage(flip.layers, 0)
@@ -180,7 +183,9 @@ def unfreezing_study(config: RecipesConfig, data: MnistSplits, pretrained: Mappi
                 "momentum_norm_lost": float(sum(b["norm_before"] - b["norm_after"] for b in boundaries)),
                 "iterations_at_end": last.get("iterations", 0),
                 "step_time_ms": median_ms(timer.times) if timer.times else np.nan,
-                "extra_state_bytes": masked.optimizer.mask_bytes() if method == "mask_schedule" else 0,
+                **{f"step_ms_stage{s}": median_ms(timer.times[s * k * spe:(s + 1) * k * spe])
+                   if len(timer.times) >= (s + 1) * k * spe else np.nan for s in range(stages)},
+                "extra_state_bytes": masked.optimizer.mask_bytes() if method in ("mask_schedule", "skip_frozen") else 0,
             })
     curves = pd.DataFrame([{k2: v for k2, v in r.items() if k2 != "momentum"}
                            | {"momentum_norm": float(np.linalg.norm(r["momentum"]))} for r in log_rows])
@@ -188,9 +193,38 @@ def unfreezing_study(config: RecipesConfig, data: MnistSplits, pretrained: Mappi
     for (method, seed), group in pd.DataFrame(log_rows).groupby(["method", "seed"], sort=False):
         for b in _boundaries(group.to_dict("records"), k, stages):
             boundary_rows.append({"method": method, "seed": seed, **b})
-    return StudyResult(pd.DataFrame(run_rows), pd.DataFrame(diagnosis),
+    runs = pd.DataFrame(run_rows)
+    return StudyResult(runs, pd.DataFrame(diagnosis),
                        {"curves": curves, "boundaries": pd.DataFrame(boundary_rows),
+                        "stage_ratios": stage_step_ratios(runs, stages),
                         "layers": names, "epochs": epochs, "every": k})
+
+
+def stage_step_ratios(runs: pd.DataFrame, stages: int, reference: str = "recompile_fresh") -> pd.DataFrame:
+    """Each method's median step time in each stage over ``reference``'s in the same stage and seed: the median,
+    min and max of that ratio over seeds (a stage's first step, which traces, left out of each median).
+
+    >>> runs = pd.DataFrame({"method": ["a", "a", "recompile_fresh", "recompile_fresh"], "seed": [0, 1, 0, 1],
+    ...                      "finished": True, "step_ms_stage0": [2.0, 3.0, 2.0, 2.0]})
+    >>> stage_step_ratios(runs, 1)[["method", "stage", "ratio_median", "ratio_min", "ratio_max", "seeds"]].values.tolist()
+    [['a', 0, 1.25, 1.0, 1.5, 2]]
+    """
+    done = runs[runs["finished"]].set_index(["method", "seed"])
+    if reference not in done.index.get_level_values(0):
+        return pd.DataFrame(columns=["method", "stage", "ratio_median", "ratio_min", "ratio_max", "seeds"])
+    ref = done.loc[reference]
+    rows = []
+    for method in dict.fromkeys(done.index.get_level_values(0)):
+        if method == reference:
+            continue
+        for stage in range(stages):
+            column = f"step_ms_stage{stage}"
+            ratio = (done.loc[method][column] / ref[column]).dropna()
+            if len(ratio):
+                rows.append({"method": method, "stage": stage, "reference": reference,
+                             "ratio_median": float(ratio.median()), "ratio_min": float(ratio.min()),
+                             "ratio_max": float(ratio.max()), "seeds": int(len(ratio))})
+    return pd.DataFrame(rows)
 
 
 def _boundaries(log: Sequence[Mapping[str, Any]], every: int, stages: int) -> list[dict[str, Any]]:
@@ -243,16 +277,19 @@ def trainable_traps(seed: int = 0) -> pd.DataFrame:
             causes = ", ".join(sorted(freezing.diagnose(m, [m.get_layer("a")]).causes)) or "(none)"
         w0 = m.get_layer("a").kernel.numpy().copy()
         error = ""
-        try:
-            m.fit(x, y, epochs=1, batch_size=batch, verbose=0, shuffle=False)
-        except ValueError as e:
-            error = str(e).split(" When working")[0]
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            try:
+                m.fit(x, y, epochs=1, batch_size=batch, verbose=0, shuffle=False)
+            except ValueError as e:
+                error = str(e).split(" When working")[0]
         changed = int(changed_bits(w0, m.get_layer("a").kernel.numpy()).sum())
         did = "raised" if error else ("trained" if changed else "stayed")
         rows.append({"scenario": scenario, "layer a should": should, "layer a did": did,
                      "entries of a changed": f"{changed} of {w0.size}",
                      "as expected": did == {"stay": "stayed", "train": "trained"}[should],
-                     "diagnose names": causes, "error": error})
+                     "diagnose names": causes,
+                     "keras warned": any("trainable" in str(w.message) for w in seen), "error": error})
 
     m = start(frozen=False)
     m.get_layer("a").trainable = False

@@ -198,7 +198,8 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
                          f"({_pct(c['fraction']).replace('.0%', '%')})"
                          for c in by_fraction.values())
 
-    un = _get(r3, "methods", "mask_schedule") or {}
+    skip3 = "skip_frozen" in (_get(r3, "methods") or {})  # the recipe as the README gives it: with SkipFrozen
+    un = _get(r3, "methods", "skip_frozen" if skip3 else "mask_schedule") or {}
     kept3 = method_state_kept(un) if {"boundaries_kept_total", "boundaries_total", "seeds"} <= set(un) else "n/a"
     budgets = " or ".join(_pct(c["fraction"]).replace(".0%", "%") for c in by_fraction.values()) or "a small share"
     rows = [
@@ -207,11 +208,13 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
          f"cheapest: no gradient for frozen layers; {ft_time('var_list')}", "none",
          ft_cell("trainable_recompile") if ft else missing),
         ("change which layers train during one fit (gradual unfreezing)",
-         "MaskedOptimizer(hold) + MaskSchedule.gradual_unfreezing",
+         "MaskedOptimizer(hold) + MaskSchedule.gradual_unfreezing" + (" + SkipFrozen" if skip3 else ""),
          f"exact and optimizer state kept at {kept3} stage boundaries",
          _times({m: (recipe(r3, k, "step_time_ms"), recipe(r3, k, "step_time_ms_std"))
-                 for m, k in (("MaskSchedule", "mask_schedule"), ("recompiling", "recompile_fresh"))}, "MLP step")
-         + " (frozen layers' gradients are still computed)",
+                 for m, k in ((("with SkipFrozen", "skip_frozen"),) if skip3 else ())
+                 + (("MaskSchedule", "mask_schedule"), ("recompiling", "recompile_fresh"))}, "MLP step")
+         + (" (SkipFrozen: frozen layers get no gradient, one retrace per stage)" if skip3
+            else " (frozen layers' gradients are still computed)"),
          f"{_n(recipe(r3, 'mask_schedule', 'extra_state_bytes'))} bytes in all (a scalar mask per variable)",
          "05 recipe 3; recompiling loses the state, trainable without recompile trains the wrong layers"),
         ("keep some entries of a tensor fixed, fixed mask (new output columns / embedding rows)",
