@@ -333,8 +333,8 @@ METRIC_KINDS = {
     "blocks/**/step_time_ms_mean": "timing", "duration_s": "timing",
     "finetune_gate_time_ratio": "timing_ratio", "finetune_masked_time_ratio": "timing_ratio",
     "finetune_time_ratio_seeds/*/*_slower": "timing_verdict",
-    "finetune_time_ratio_seeds/*/masked_below_gate": "timing_verdict", "finetune_time_ratio_seeds/*/seeds": "constant",
-    "finetune_time_ratio_seeds": "timing_spread", "finetune_time_masked_faster": "timing_verdict",
+    "finetune_time_ratio_seeds/*/*_side": "timing_verdict", "finetune_time_ratio_seeds/*/seeds": "constant",
+    "finetune_time_ratio_seeds": "timing_spread", "timing_tolerance": "constant",
     "keras_traps[*]/error": "message",
     "finetune_trap_changed": "count",
     "decimals/*/step_time_ms": "timing_verdict",
@@ -346,12 +346,14 @@ METRIC_KINDS = {
 
 
 def time_ratios(finetune: pd.DataFrame, optimizers: list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
-    """Per optimizer, each seed's step-time ratios ``gate`` / ``var_list`` and ``masked_hold`` / ``var_list`` (each
-    run's median step time), as their range over seeds, and which side of 1 (or of each other) every seed is on.
-
-    A claim that one step is slower than another is made only where every seed agrees (``gate_slower``,
-    ``masked_slower``, ``masked_below_gate``); otherwise the spread over seeds does not allow it.
+    """Per optimizer, each seed's step-time ratios ``gate`` / ``var_list``, ``masked_hold`` / ``var_list`` and
+    ``masked_hold`` / ``gate`` (each run's median step time; the methods run in turn within a seed), as their range
+    over seeds, and which way each goes (``gate_side``, ``masked_side``, ``masked_vs_gate_side``:
+    ``study.report.prose.timing_side``, "slower"/"faster" only when every seed agrees by more than its tolerance,
+    else "about equal").
     """
+    from study.report.prose import timing_side
+
     times = finetune.pivot_table(index=["optimizer", "seed"], columns="method", values="step_time_ms")
     out: dict[str, dict[str, Any]] = {}
     for o in optimizers:
@@ -359,8 +361,11 @@ def time_ratios(finetune: pd.DataFrame, optimizers: list[str] | tuple[str, ...])
             continue
         t = times.loc[o]
         gate, masked = t["gate"] / t["var_list"], t["masked_hold"] / t["var_list"]
+        versus = t["masked_hold"] / t["gate"]
         out[o] = {"seeds": int(len(t)), "gate_min": float(gate.min()), "gate_max": float(gate.max()),
                   "masked_min": float(masked.min()), "masked_max": float(masked.max()),
-                  "gate_slower": bool((gate > 1).all()), "masked_slower": bool((masked > 1).all()),
-                  "masked_below_gate": bool((masked < gate).all())}
+                  "masked_vs_gate_min": float(versus.min()), "masked_vs_gate_max": float(versus.max()),
+                  "gate_side": timing_side(gate.min(), gate.max()),
+                  "masked_side": timing_side(masked.min(), masked.max()),
+                  "masked_vs_gate_side": timing_side(versus.min(), versus.max())}
     return out
