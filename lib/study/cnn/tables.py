@@ -286,7 +286,7 @@ def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame
             f"{format_mean_std(r.acc_new_mean, r.acc_new_std, decimals=acc)} / {count_range(r.conv_changed_entries_min, r.conv_changed_entries_max)}"
     for name, group in finetune.groupby("optimizer", sort=False):
         step = column_decimals(finetune, ["step_time_ms"])["step_time_ms"]  # as the report's table shows them
-        out[f"fine-tune {name}: step time (ms, mean ± std over seeds), " + " / ".join(group["method"])] = \
+        out[f"fine-tune {name}: median step time of a run (ms, mean ± std over seeds), " + " / ".join(group["method"])] = \
             " / ".join(format_mean_std(t, sd, decimals=step)
                        for t, sd in zip(group["step_time_ms_mean"], group["step_time_ms_std"]))
     if len(traps):

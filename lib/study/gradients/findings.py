@@ -163,7 +163,7 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
     ...                      "ci_low": [-0.15], "ci_high": [-0.05]})
     >>> q = staleness_numbers(check, gaps, tuned, {"adam": [0.01, 0.03]}, (2,))
     >>> q["slowdown_adam_2"], q["reached_adam_2"], q["gap_sign_adam_sgd_2"], q["tuned_at_edge_adam_2"]
-    (3.4, 8.0, '-', 1.0)
+    (3.4, 8, '-', 1.0)
     >>> q["difference_2"], q["lr_at_edge_adam"]
     (-0.1, 1.0)
     """
@@ -182,9 +182,10 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
         out[f"lr_at_edge_{o}"] = at_edge(o, out[f"lr_{o}"])
         for tau in (0, *taus):
             for name, column in (("slowdown", "slowdown_mean"), ("slowdown_std", "slowdown_std"),
-                                 ("drop", "drop_mean"), ("drop_low", "drop_ci_low"), ("drop_high", "drop_ci_high"),
-                                 ("reached", "reached")):
+                                 ("drop", "drop_mean"), ("drop_low", "drop_ci_low"), ("drop_high", "drop_ci_high")):
                 out[f"{name}_{o}_{tau}"] = _at(at, (tau, o), column)
+            reached = _at(at, (tau, o), "reached")  # a count: an integer where measured
+            out[f"reached_{o}_{tau}"] = int(reached) if math.isfinite(reached) else NAN
             out[f"tuned_{o}_{tau}"] = _at(tuned, tau, o)
             out[f"tuned_std_{o}_{tau}"] = _at(tuned, tau, f"{o}_std")
             lr = out[f"tuned_lr_{o}_{tau}"] = _at(tuned, tau, f"{o}_lr")
