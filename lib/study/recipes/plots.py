@@ -6,7 +6,6 @@ are printed on the bars, since zero is the number that matters and a log axis ca
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
