@@ -49,28 +49,38 @@ def test_quadratic_writes_tensorboard_scalars_and_is_exact(tmp_path):
     ("sgd", lambda: keras.optimizers.SGD(0.1)),
     ("adam", lambda: keras.optimizers.Adam(0.1)),
     ("adagrad", lambda: keras.optimizers.Adagrad(0.1)),
+    ("adamw", lambda: keras.optimizers.AdamW(0.1)),
+    # Muon's orthogonalised step on the hidden kernel (w1); AdamW's on the output kernel and the biases
+    ("muon", lambda: keras.optimizers.Muon(0.1, exclude_layers=["w2"])),
 ])
 def test_the_staleness_optimizers_are_keras_own_update_rules(data, name, keras_optimizer):
     trainer = staleness.StaleTrainer(data, name, seeds=[0, 1], steps=10, eval_every=10, tau_max=1)
     for slot in trainer.slots:
         for v in slot:
             v.assign(tf.fill(v.shape, 0.1 if name == "adagrad" and slot is trainer.slots[0] else 0.0))
-    reference = [tf.Variable(v) for v in trainer.init]
-    optimizer = keras_optimizer()
+    # one Keras optimizer per seed, on that seed's 2-D and 1-D variables (Muon chooses its step by the rank)
+    references = [[keras.Variable(v[s], name=n) for v, n in zip(trainer.init, ("w1", "b1", "w2", "b2"))]
+                  for s in range(2)]
+    optimizers = [keras_optimizer() for _ in references]
     rng = np.random.default_rng(0)
     for step in range(3):
         grads = [tf.constant(rng.normal(size=v.shape).astype(np.float32)) for v in trainer.init]
         trainer._update(tf.constant(step), grads, tf.constant(0.1))
-        optimizer.apply_gradients(zip(grads, reference))
-    for mine, theirs in zip(trainer.params, reference):
-        np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
+        for s, (optimizer, reference) in enumerate(zip(optimizers, references)):
+            optimizer.apply_gradients(zip([g[s] for g in grads], reference))
+    for s, reference in enumerate(references):
+        for mine, theirs in zip(trainer.params, reference):
+            np.testing.assert_allclose(mine.numpy()[s], theirs.numpy(), rtol=1e-4, atol=1e-5)
+    assert not np.allclose(trainer.params[0].numpy(), trainer.init[0])  # the step moved the weights
 
 
 def test_stale_gradients_slow_training_and_tau_zero_is_plain_training(data):
     trainer = staleness.StaleTrainer(data, "sgd", seeds=[0, 1], steps=60, eval_every=20, tau_max=16)
     fresh, late = trainer.run(0.5, 0), trainer.run(0.5, 16)
-    assert fresh.shape == (3, 2) and (fresh[-1] > 0.6).all() and (late[-1] < fresh[-1]).all()
-    np.testing.assert_array_equal(trainer.run(0.5, 0), fresh)  # a rerun restarts from the same state
+    assert fresh["test"].shape == fresh["val"].shape == (3, 2)
+    assert (fresh["test"][-1] > 0.6).all() and (late["test"][-1] < fresh["test"][-1]).all()
+    assert (fresh["val"][-1] > 0.6).all() and not np.array_equal(fresh["val"], fresh["test"])  # two splits
+    np.testing.assert_array_equal(trainer.run(0.5, 0)["test"], fresh["test"])  # a rerun restarts from the same state
 
 
 def test_dai_check_compares_each_optimizer_at_its_best_undelayed_rate():
@@ -81,7 +91,7 @@ def test_dai_check_compares_each_optimizer_at_its_best_undelayed_rate():
                 for updates in (10, 20):
                     acc = (base - loss) * updates / 20
                     rows.append({"optimizer": name, "learning_rate": lr, "tau": tau, "seed": seed, "updates": updates,
-                                 "accuracy": acc + 0.01 * seed})
+                                 "accuracy": acc + 0.01 * seed, "val_accuracy": acc + 0.01 * seed})
     curves = pd.DataFrame(rows)
     assert staleness.best_learning_rates(curves) == {"adam": 0.01, "sgd": 0.1}
     check = staleness.dai_check(curves, target=0.4).set_index(["optimizer", "tau"])
@@ -90,11 +100,40 @@ def test_dai_check_compares_each_optimizer_at_its_best_undelayed_rate():
     assert check.loc[("sgd", 0), "slowdown_mean"] == 1.0
     diff = staleness.paired_difference(curves).set_index("tau")
     assert diff.loc[4, "mean"] == pytest.approx(0.1) and diff.loc[4, "std"] == pytest.approx(0.0, abs=1e-9)
+    assert diff.loc[4, "ci_low"] == pytest.approx(0.1) == pytest.approx(diff.loc[4, "ci_high"])  # no spread
+
+
+def test_learning_rates_are_chosen_on_the_validation_split_never_on_test():
+    """The test split favours one rate, the validation split the other: validation chooses, test is reported."""
+    rows = [{"optimizer": "sgd", "learning_rate": lr, "tau": tau, "seed": seed, "updates": 10,
+             "accuracy": test - 0.1 * tau, "val_accuracy": val - 0.1 * tau}
+            for lr, val, test in ((0.1, 0.8, 0.9), (0.5, 0.85, 0.7)) for tau in (0, 2) for seed in (0, 1)]
+    curves = pd.DataFrame(rows)
+    assert staleness.best_learning_rates(curves) == {"sgd": 0.5}
+    tuned = staleness.best_per_tau(curves)
+    assert tuned.loc[2, "sgd_lr"] == 0.5 and tuned.loc[2, "sgd"] == pytest.approx(0.5)  # its test accuracy
+    assert tuned.loc[0, "sgd_val"] == pytest.approx(0.85)
+    grid = staleness.rate_grid(curves).set_index(["learning_rate", "tau"])
+    assert grid["chosen"].to_dict() == {(0.1, 0): False, (0.1, 2): False, (0.5, 0): True, (0.5, 2): True}
+    assert grid.loc[(0.1, 0), "test_mean"] == pytest.approx(0.9)  # the grid shows both splits
+    shown = staleness.rate_grid_display(staleness.rate_grid(curves))
+    assert shown.loc[("sgd", "0.5"), "τ = 0: validation · test (mean ± std)"].endswith("◀")
+    assert not shown.loc[("sgd", "0.1"), "τ = 0: validation · test (mean ± std)"].endswith("◀")
+
+
+def test_a_gap_interval_holds_zero_only_when_the_seeds_disagree():
+    mean, low, high = staleness.t_interval([0.01, 0.02, 0.03, 0.02])
+    assert low > 0 and high < 0.04 and mean == pytest.approx(0.02)
+    mean, low, high = staleness.t_interval([-0.02, 0.03, 0.01, -0.01])
+    assert low < 0 < high
+    assert staleness.gap_pairs(["sgd", "adam", "adagrad", "adamw", "muon"]) == [
+        ("adam", "sgd"), ("adagrad", "sgd"), ("adamw", "sgd"), ("muon", "sgd"), ("muon", "adamw")]
 
 
 def test_the_staleness_tables_print_learning_rates_alike_and_units_in_parentheses():
     rows = [{"optimizer": name, "learning_rate": lr, "tau": tau, "seed": seed, "updates": updates,
-             "accuracy": 0.9 * updates / 20 - 0.05 * tau + 0.01 * seed}
+             "accuracy": 0.9 * updates / 20 - 0.05 * tau + 0.01 * seed,
+             "val_accuracy": 0.9 * updates / 20 - 0.05 * tau + 0.02 * seed}
             for name, lr in (("sgd", 0.5), ("adam", 0.01)) for tau in (0, 4) for seed in (0, 1)
             for updates in (10, 20)]
     curves = pd.DataFrame(rows)
@@ -102,7 +141,9 @@ def test_the_staleness_tables_print_learning_rates_alike_and_units_in_parenthese
     tuned = staleness.tuned_display(staleness.best_per_tau(curves))
     tuned = tuned.data if hasattr(tuned, "data") else tuned  # a Styler or a frame
     assert set(dai["learning rate"]) == {"0.01", "0.5"}
-    assert set(staleness.staleness_table(curves).index.get_level_values("learning_rate")) == {"0.01", "0.5"}
+    assert set(staleness.rate_grid_display(staleness.rate_grid(curves)).index.get_level_values(1)) == {"0.01", "0.5"}
+    gaps = staleness.difference_display(staleness.paired_differences(curves, [("adam", "sgd")]))
+    assert list(gaps.index.get_level_values(0).unique()) == ["adam − sgd"]
     assert set(tuned["adam: learning rate"]) | set(tuned["sgd: learning rate"]) == {"0.01", "0.5"}
     assert "τ (updates late)" in dai.index.names and tuned.index.name == "τ (updates late)"
     assert not any("[" in str(c) for c in [*dai.columns, *tuned.columns])

@@ -280,6 +280,11 @@ def test_04_gradients_and_ps_metrics(smoke_results):
     f = m["faults"]
     assert f["returned_functions"] == f["scheduled_functions"] and f["applied_updates"] >= f["returned_updates"]
     assert (smoke_results / "04_gradients_and_ps" / "tensorboard").is_dir()
+    # the staleness study: every optimizer's rate chosen on the validation split, every gap with its interval
+    assert list(m["staleness_best_learning_rates"]) == m["config"]["staleness_optimizers"]
+    assert {tuple(p) for p in m["staleness_gap_pairs"]} >= {("adagrad", "sgd"), ("muon", "adamw")}
+    assert all(g["ci_low"] <= g["mean"] <= g["ci_high"] for g in m["staleness_gaps"])
+    assert all(isinstance(v, int) for k, v in m["quoted"].items() if k.startswith("reached_") and v is not None)
 
 
 @pytest.mark.slow

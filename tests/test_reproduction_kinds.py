@@ -183,5 +183,9 @@ def test_metrics_json_is_strict_json_with_one_rule_for_non_finite_numbers(tmp_pa
                                   tmp_path)
     text = path.read_text()
     assert "NaN" not in text and "Infinity" not in text  # numpy's NaN was written as a bare NaN token before
-    assert json.loads(text) == {"a": "nan", "b": "inf", "c": ["-inf"], "d": None}
+    assert json.loads(text) == {"a": None, "b": None, "c": [None], "d": None}  # numbers or null, never text
     assert reproduction.verdict(reproduction.compare({"a": "nan"}, {"a": float("nan")})) == "identical"
+    # a file written before (non-finite numbers as text) compares equal with one written now (null)
+    old, new = {"a": "nan", "b": "inf", "n": 8.0}, {"a": json.loads(text)["a"], "b": json.loads(text)["b"], "n": 8}
+    assert reproduction.verdict(reproduction.compare(old, new, kinds={"n": "count"})) == "identical"
+    assert reproduction.verdict(reproduction.compare({"b": 1.0}, {"b": None})) != "identical"  # a value lost is not

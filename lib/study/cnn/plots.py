@@ -48,9 +48,9 @@ def finetune_bars(summary: pd.DataFrame) -> plt.Figure:
         acc_ax.errorbar(xs, rows["acc_new_mean"], yerr=rows["acc_new_std"].fillna(0), label=method, color=colour,
                         marker="o", ls="none", capsize=3, ms=6)
         for x, m, sd in zip(xs, rows["acc_new_mean"], rows["acc_new_std"].fillna(0)):
-            if m == m:  # below the lower whisker, so that the whisker does not strike it through
-                acc_ax.annotate(f"{m:.{decimals}f}", (x, m - sd), xytext=(0, -4), textcoords="offset points", ha="center",
-                                va="top", fontsize=7, color=colour)
+            if m == m:  # below the lower whisker, so that the whisker does not strike it through; upright, so that
+                acc_ax.annotate(f"{m:.{decimals}f}", (x, m - sd), xytext=(0, -4), textcoords="offset points",  # the
+                                ha="center", va="top", rotation=90, fontsize=7, color=colour)  # neighbours' do not touch
         changed = rows["conv_changed_entries_mean"].to_numpy()
         changed_ax.bar(xs, changed, width, color=colour, label=method)
         for x, c in zip(xs, changed):
@@ -61,7 +61,7 @@ def finetune_bars(summary: pd.DataFrame) -> plt.Figure:
     low = float((summary["acc_new_mean"] - summary["acc_new_std"].fillna(0)).min())
     high = float((summary["acc_new_mean"] + summary["acc_new_std"].fillna(0)).max())
     acc_ax.set(ylabel="test accuracy on digits 5-9 (fraction)",
-               ylim=(max(0.0, np.floor(10 * low) / 10 - 0.08), min(1.0, high + 0.03)),
+               ylim=(max(0.0, np.floor(10 * low) / 10 - 0.12), min(1.0, high + 0.03)),
                title="Accuracy of the fine-tuned head (mean ± std over seeds;\nthe axis does not start at 0)")
     acc_ax.grid(axis="y", alpha=0.3)
     acc_ax.set_xlim(-0.6, len(optimizers) - 0.4)

@@ -13,19 +13,22 @@ from typing import Any
 
 from study.validation import check_choices, check_int_list, check_positive_int, check_range
 
-STALENESS_OPTIMIZERS = ("sgd", "adam", "adagrad")
+STALENESS_OPTIMIZERS = ("sgd", "adam", "adagrad", "adamw", "muon")
 """The optimizers ``study.gradients.staleness`` writes out element-wise."""
 FAULTS = ("worker", "chief", "ps")
 COLUMNS = {  # every table of study 04: column -> meaning (unit)
     # fetch_costs
     "mode": "how the gradients are computed: TF1 graph (Session), TF2 eager, or TF2 inside tf.function",
     "method": "the way all gradients are fetched (one pass, one call per variable, or a recomputed pass per variable)",
-    "ms": "median wall time to get all gradients of the Deep MNIST CNN for one batch, over `repeats` (ms)",
-    "ratio_to_one_pass": "ms / the one-pass method's ms in the same mode (ratio)",
-    "ms_min": "fastest of the `repeats` timed calls (ms)",
-    "ms_max": "slowest of the `repeats` timed calls (ms)",
-    "ratio_low": "the ratio's low end over the repeats: ms_min / the one-pass method's ms_max (ratio)",
-    "ratio_high": "the ratio's high end over the repeats: ms_max / the one-pass method's ms_min (ratio)",
+    "ms": "median wall time to get all gradients of the Deep MNIST CNN for one batch, over `repeats` rounds in which "
+          "the mode's methods are called in turn (ms)",
+    "ratio_to_one_pass": "median over the rounds of this method's ms / the one-pass method's ms in the same round "
+                         "(ratio)",
+    "ms_min": "fastest round (ms)",
+    "ms_max": "slowest round (ms)",
+    "ratio_low": "lowest over the rounds of this method's ms / the one-pass method's ms in the same round (ratio)",
+    "ratio_high": "highest over the rounds of that ratio (ratio)",
+    "rounds": "rounds timed, each calling every method of the mode once, in rotated order (count)",
     # quadratic_trace
     "step": "step of the compute-transform-apply loop on y = 0.5 (x - 3)^2; 0 is the start (count)",
     "x": "x at the start of the step (after the previous step's update)",
@@ -65,27 +68,46 @@ COLUMNS = {  # every table of study 04: column -> meaning (unit)
     "task": "the ps task that holds the shard",
     "shard shape": "shape of the shard (a split variable's shards each hold part of its first axis)",
     "bytes": "size of the shard (bytes)",
-    # staleness_curves, staleness_dai_check, staleness_best_per_tau
+    # staleness_curves, staleness_rate_grid, staleness_dai_check, staleness_gaps, staleness_best_per_tau
     "optimizer": "optimizer of the in-process staleness study",
-    "learning_rate": "learning rate of the run (for the check: the optimizer's best rate without delay)",
+    "learning_rate": "learning rate of the run (for the check: the optimizer's rate chosen on the validation split "
+                     "without delay)",
     "tau": "delay: the gradient applied at update t was computed on the parameters of update t - tau (updates)",
     "seed": "seed of the run (weights and minibatches)",
     "updates": "updates applied so far (count)",
     "accuracy": "test accuracy after that many updates (fraction, 0-1)",
+    "val_accuracy": "validation accuracy after that many updates; it alone chooses learning rates (fraction, 0-1)",
+    "val_mean": "mean over seeds of the final validation accuracy (fraction, 0-1)",
+    "test_mean": "mean over seeds of the final test accuracy (fraction, 0-1)",
+    "test_std": "std over seeds of the final test accuracy (fraction)",
+    "chosen": "whether the validation split chose this rate for this tau (the best val_mean of the grid)",
+    "chosen_undelayed": "whether the validation split chose this rate at tau = 0 (the rate the undelayed comparisons "
+                        "use)",
     "seeds": "seeds run (count)",
-    "reached": "seeds whose run reached staleness_target accuracy (count)",
+    "reached": "seeds whose run reached staleness_target test accuracy (count)",
     "slowdown_mean": "mean over seeds of updates to reach the target / the same seed's updates at tau = 0 (ratio; "
                      "inf if a seed never reached it)",
     "slowdown_std": "std over seeds of that ratio; empty when a seed never reached the target (ratio)",
-    "drop_mean": "mean over seeds of final accuracy at tau = 0 minus final accuracy at this tau, the same seed "
-                 "(absolute, fraction of test images)",
+    "drop_mean": "mean over seeds of final test accuracy at tau = 0 minus final test accuracy at this tau, the same "
+                 "seed (absolute, fraction of test images)",
     "drop_std": "std over seeds of that drop (fraction)",
-    "adam": "Adam's final accuracy at its best rate for this tau, mean over seeds (fraction)",
-    "sgd": "SGD's final accuracy at its best rate for this tau, mean over seeds (fraction)",
-    "adam_std": "std over seeds of Adam's final accuracy at that rate (fraction)",
-    "sgd_std": "std over seeds of SGD's final accuracy at that rate (fraction)",
-    "adam_lr": "Adam's best learning rate for this tau",
-    "sgd_lr": "SGD's best learning rate for this tau",
+    "drop_ci_low": "low end of the drop's 95% Student-t interval over seeds (fraction)",
+    "drop_ci_high": "high end of the drop's 95% Student-t interval over seeds (fraction)",
+    "a": "the optimizer whose accuracy lost is compared",
+    "b": "the optimizer it is compared with (each at its rate chosen on the validation split without delay)",
+    "mean": "mean over seeds of a's accuracy lost minus b's, paired by seed (fraction; negative: a loses less)",
+    "std": "std over seeds of that paired difference (fraction)",
+    "se": "standard error of the mean difference, std / sqrt(seeds) (fraction)",
+    "ci_low": "low end of the difference's 95% Student-t interval (fraction)",
+    "ci_high": "high end of the difference's 95% Student-t interval (fraction)",
+    **{name: f"{name}'s final test accuracy at the rate the validation split chose for this tau, mean over seeds "
+             f"(fraction)" for name in STALENESS_OPTIMIZERS},
+    **{f"{name}_std": f"std over seeds of {name}'s final test accuracy at that rate (fraction)"
+       for name in STALENESS_OPTIMIZERS},
+    **{f"{name}_lr": f"{name}'s learning rate chosen on the validation split for this tau"
+       for name in STALENESS_OPTIMIZERS},
+    **{f"{name}_val": f"{name}'s mean final validation accuracy at that rate, which chose it (fraction)"
+       for name in STALENESS_OPTIMIZERS},
     # fault_accounting
     "fault": "the task killed",
     "updates when killed (seen)": "the update counter as the launcher last read it before the kill (count)",
@@ -128,14 +150,15 @@ class GradientStudyConfig:
     masked_keep: float = 0.5
     # 6. staleness in one process
     taus: Sequence[int] = (0, 1, 2, 4, 8)
-    staleness_optimizers: Sequence[str] = ("sgd", "adam")
+    staleness_optimizers: Sequence[str] = STALENESS_OPTIMIZERS
     staleness_learning_rates: dict[str, list[float]] = field(
-        default_factory=lambda: {"sgd": [0.05, 0.2, 0.5, 1.0], "adam": [0.001, 0.003, 0.01, 0.03],
-                                 "adagrad": [0.05, 0.1, 0.3]})
+        default_factory=lambda: {"sgd": [0.02, 0.05, 0.2, 0.5, 1.0], "adam": [0.0003, 0.001, 0.003, 0.01, 0.03],
+                                 "adagrad": [0.01, 0.03, 0.1, 0.3, 1.0], "adamw": [0.0003, 0.001, 0.003, 0.01, 0.03],
+                                 "muon": [0.001, 0.003, 0.01, 0.03]})
     staleness_steps: int = 300
     staleness_eval_every: int = 10
     staleness_target: float = 0.85
-    seeds: Sequence[int] = (0, 1, 2, 3, 4, 5, 6, 7)
+    seeds: Sequence[int] = tuple(range(16))
 
     def __post_init__(self) -> None:
         for name in ("batch", "repeats", "ps_tasks", "ps_steps", "ps_batch", "ps_n", "ps_steps_per_function",

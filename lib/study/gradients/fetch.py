@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +26,34 @@ from study.training import LOSS
 from study.gradients.config import GradientStudyConfig
 
 
-def _times_ms(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
-    """Median, fastest and slowest wall time of ``repeats`` calls of ``fn`` after one warm-up call (ms)."""
-    fn()  # warm up / trace
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return {"ms": 1e3 * float(np.median(times)), "ms_min": 1e3 * min(times), "ms_max": 1e3 * max(times)}
+def interleaved_ms(methods: Mapping[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """Wall time of each method in every round (ms), the methods called in turn within a round, their order rotated
+    from round to round, after one warm-up call each: a method's times and its rival's are paired by round, under
+    the same load. ``interleaved_ms({"a": f, "b": g}, rounds=5)["a"]``"""
+    names = list(methods)
+    for fn in methods.values():
+        fn()  # warm up / trace
+    times: dict[str, list[float]] = {name: [0.0] * rounds for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            start = time.perf_counter()
+            methods[name]()
+            times[name][r] = 1e3 * (time.perf_counter() - start)
+    return times
+
+
+def _rows(mode: str, times: Mapping[str, list[float]]) -> list[dict[str, Any]]:
+    """One row per method: median/fastest/slowest ms, and the ratio to the mode's first (one-pass) method, per
+    round: its median and its range over the rounds."""
+    base = np.asarray(next(iter(times.values())))
+    rows = []
+    for method, ms in times.items():
+        ms = np.asarray(ms)
+        ratios = ms / base
+        rows.append({"mode": mode, "method": method, "ms": float(np.median(ms)), "ms_min": float(ms.min()),
+                     "ms_max": float(ms.max()), "ratio_to_one_pass": float(np.median(ratios)),
+                     "ratio_low": float(ratios.min()), "ratio_high": float(ratios.max()), "rounds": len(ms)})
+    return rows
 
 
 def _tf1_cnn(batch: int) -> tuple[tf.Graph, Any, Any, list[Any], list[Any]]:
@@ -63,10 +82,10 @@ def _tf1_cnn(batch: int) -> tuple[tf.Graph, Any, Any, list[Any], list[Any]]:
 def fetch_costs(config: GradientStudyConfig, seed: int = 0) -> pd.DataFrame:
     """ms to get every gradient of the CNN, per method, and the ratio to one pass in the same mode. ``fetch_costs(cfg)``
 
-    Each row holds the median, fastest and slowest of ``config.repeats`` timed calls, the ratio of medians to the
-    mode's one-pass method, and that ratio's spread over the repeats: ``ratio_low`` (this method's fastest over
-    one pass's slowest) to ``ratio_high`` (slowest over fastest). A ratio is on one side of 1 only when its whole
-    spread is."""
+    The methods of a mode are timed interleaved (``interleaved_ms``) in ``config.repeats`` rounds. Each row holds
+    the median, fastest and slowest ms, and the ratio to the mode's one-pass method in the same round: its median
+    (``ratio_to_one_pass``) and its range over the rounds (``ratio_low`` to ``ratio_high``). A method is called
+    faster or slower than one pass only when that whole range is (``study.report.prose.timing_side``)."""
     rng = np.random.default_rng(seed)
     xb = rng.random((config.batch, 28, 28, 1)).astype(np.float32)
     yb = rng.integers(0, 10, config.batch).astype(np.int32)
@@ -75,10 +94,9 @@ def fetch_costs(config: GradientStudyConfig, seed: int = 0) -> pd.DataFrame:
     with tf.compat.v1.Session(graph=graph) as sess:
         sess.run(tf.compat.v1.variables_initializer(variables))
         feed = {x: xb, y: yb}
-        rows.append({"mode": "TF1 graph", "method": "one sess.run(all gradients)",
-                     **_times_ms(lambda: sess.run(grads, feed), config.repeats)})
-        rows.append({"mode": "TF1 graph", "method": "g.eval() per variable",
-                     **_times_ms(lambda: [g.eval(feed, session=sess) for g in grads], config.repeats)})
+        rows += _rows("TF1 graph", interleaved_ms({
+            "one sess.run(all gradients)": lambda: sess.run(grads, feed),
+            "g.eval() per variable": lambda: [g.eval(feed, session=sess) for g in grads]}, config.repeats))
     keras.utils.set_random_seed(seed)
     model = deep_mnist_cnn()
     xs, ys = tf.constant(xb), tf.constant(yb)
@@ -108,16 +126,10 @@ def fetch_costs(config: GradientStudyConfig, seed: int = 0) -> pd.DataFrame:
     methods = {"one tape": one_tape, "persistent tape, one gradient call per variable": persistent_per_variable,
                "recompute forward and backward per variable": recompute_per_variable}
     for mode, wrap in (("TF2 eager", lambda f: f), ("TF2 tf.function", tf.function)):
-        for name, fn in methods.items():
-            wrapped = wrap(fn)
-            rows.append({"mode": mode, "method": name,
-                         **_times_ms(lambda: [g.numpy() for g in wrapped()], config.repeats)})
-    table = pd.DataFrame(rows)
-    first = table.groupby("mode")
-    table["ratio_to_one_pass"] = table["ms"] / first["ms"].transform("first")
-    table["ratio_low"] = table["ms_min"] / first["ms_max"].transform("first")  # the repeats' spread, both ways
-    table["ratio_high"] = table["ms_max"] / first["ms_min"].transform("first")
-    return table
+        wrapped = {name: wrap(fn) for name, fn in methods.items()}
+        rows += _rows(mode, interleaved_ms({name: (lambda f=f: [g.numpy() for g in f()])
+                                            for name, f in wrapped.items()}, config.repeats))
+    return pd.DataFrame(rows)
 
 
 def exact_update_check(batch: int = 50, learning_rate: float = 0.01, decay: float = 0.5, seed: int = 0) -> pd.DataFrame:
@@ -172,9 +184,9 @@ def costs_display(costs: pd.DataFrame) -> pd.DataFrame:
 
     out = pd.DataFrame(index=pd.MultiIndex.from_frame(costs[["mode", "method"]]))
     out["median (ms)"] = [fixed(v, 1) for v in costs["ms"]]
-    out["fastest–slowest repeat (ms)"] = [f"{floor(a, 'fixed', 1)}–{ceil(b, 'fixed', 1)}"
+    out["fastest–slowest round (ms)"] = [f"{floor(a, 'fixed', 1)}–{ceil(b, 'fixed', 1)}"
                                           for a, b in zip(costs["ms_min"], costs["ms_max"])]
     out["ratio to one pass"] = [times(v) for v in costs["ratio_to_one_pass"]]
-    out["ratio's spread over the repeats"] = [f"{floor(a, 'times', 3)}–{ceil(b, 'times', 3)}"
+    out["ratio's range over the rounds"] = [f"{floor(a, 'times', 3)}–{ceil(b, 'times', 3)}"
                                               for a, b in zip(costs["ratio_low"], costs["ratio_high"])]
     return out

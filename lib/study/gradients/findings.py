@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from study.report.prose import ceil, floor, num, signed
+from study.report.prose import TIMING_TOLERANCE, ceil, floor, num, signed, timing_side
 
 NAN = float("nan")
 
@@ -26,9 +26,9 @@ def _at(frame: pd.DataFrame, row: Any, column: str) -> float:
 
 
 def fetch_numbers(costs: pd.DataFrame) -> dict[str, Any]:
-    """Ratio to one pass of each slow way of fetching gradients, by a short name, with its spread over the repeats
-    (``<name>_spread_low`` / ``_high``) and the side of 1 that whole spread is on (``<name>_side``: ``"above"``,
-    ``"below"``, or ``"either"`` when the spread straddles 1).
+    """Ratio to one pass of each slow way of fetching gradients, by a short name (the median over interleaved
+    rounds), with its range over the rounds (``<name>_spread_low`` / ``_high``) and which way that whole range
+    goes (``<name>_side``: ``"slower"``, ``"faster"`` or ``"about equal"``, ``prose.timing_side``).
 
     >>> costs = pd.DataFrame({"mode": ["TF1 graph"], "method": ["g.eval() per variable"], "ratio_to_one_pass": [3.9]})
     >>> fetch_numbers(costs)["tf1_eval_per_variable"]
@@ -43,12 +43,12 @@ def fetch_numbers(costs: pd.DataFrame) -> dict[str, Any]:
         "function_persistent": ("TF2 tf.function", "persistent tape, one gradient call per variable"),
         "function_recompute": ("TF2 tf.function", "recompute forward and backward per variable"),
     }
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"timing_tolerance": TIMING_TOLERANCE}
     for name, key in names.items():
         out[name] = _at(ratio, key, "ratio_to_one_pass")
         low, high = _at(spread, key, "ratio_low"), _at(spread, key, "ratio_high")
         out[f"{name}_spread_low"], out[f"{name}_spread_high"] = low, high
-        out[f"{name}_side"] = "above" if low > 1 else "below" if high < 1 else "either"  # NaN: "either"
+        out[f"{name}_side"] = timing_side(low, high)  # NaN: "about equal"
     return out
 
 
@@ -119,57 +119,103 @@ def n_push_numbers(sweep: pd.DataFrame, model_mb: float, link_gbit_s: float = 1.
             "sweep_steps": int(by_n.loc[large, "steps"])}
 
 
-def staleness_numbers(check: pd.DataFrame, difference: pd.DataFrame, tuned: pd.DataFrame,
-                      grids: Mapping[str, Sequence[float]] | None = None,
-                      taus: Sequence[int] = (1, 2, 4, 8)) -> dict[str, Any]:
-    """Dai et al.'s measure, the paired Adam - SGD difference and the re-tuned accuracies, per delay.
+def _gaps(frame: pd.DataFrame, prefix: str, taus: Sequence[int]) -> dict[str, Any]:
+    """``<prefix>_<a>_<b>_<tau>`` (mean), ``<prefix>_se_…``, ``<prefix>_low_…``, ``<prefix>_high_…`` and
+    ``<prefix>_sign_…`` ("+" interval above zero, "-" below, "0" holds zero or not measured) for every pair."""
+    d = frame.set_index(["a", "b", "tau"]) if len(frame) else pd.DataFrame()
+    pairs = list(dict.fromkeys(zip(frame["a"], frame["b"]))) if len(frame) else []
+    out: dict[str, Any] = {}
+    for a, b in [*pairs, *([("adam", "sgd")] if ("adam", "sgd") not in pairs else [])]:
+        for tau in (0, *taus):
+            key = f"{a}_{b}_{tau}"
+            out[f"{prefix}_{key}"] = _at(d, (a, b, tau), "mean")
+            out[f"{prefix}_se_{key}"] = _at(d, (a, b, tau), "se")
+            low, high = out[f"{prefix}_low_{key}"], out[f"{prefix}_high_{key}"] = (_at(d, (a, b, tau), "ci_low"),
+                                                                                  _at(d, (a, b, tau), "ci_high"))
+            out[f"{prefix}_sign_{key}"] = "+" if low > 0 else "-" if high < 0 else "0"  # NaN: "0", cannot tell
+    return out
 
-    Keys: ``slowdown_<opt>_<tau>``, ``slowdown_std_<opt>_<tau>``, ``drop_<opt>_<tau>``, ``reached_<opt>_<tau>``,
-    ``final_<opt>_<tau>`` (final accuracy at the best undelayed rate, ``tuned_<opt>_0 - drop``),
-    ``difference_<tau>``/``difference_se_<tau>`` (Adam's accuracy lost minus SGD's, paired by seed),
-    ``tuned_<opt>_<tau>``, ``tuned_std_<opt>_<tau>`` and ``tuned_lr_<opt>_<tau>`` (final accuracy at the rate
-    re-tuned for that delay, its std over seeds and the rate), ``tuned_at_edge_<opt>_<tau>`` (1.0 when that rate
-    is the smallest or largest of ``grids[opt]``, else 0.0) and ``tuned_gap_0``.
+
+def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.DataFrame,
+                      grids: Mapping[str, Sequence[float]] | None = None,
+                      taus: Sequence[int] = (1, 2, 4, 8), retuned: pd.DataFrame | None = None) -> dict[str, Any]:
+    """Dai et al.'s measure, the paired gaps with their intervals and the re-tuned accuracies, per optimizer and delay.
+
+    Keys, for every optimizer ``<opt>`` of ``check`` and tau: ``slowdown_<opt>_<tau>``, ``slowdown_std_<opt>_<tau>``,
+    ``drop_<opt>_<tau>`` with ``drop_low_<opt>_<tau>``/``drop_high_<opt>_<tau>`` (its 95% interval),
+    ``reached_<opt>_<tau>``, ``final_<opt>_<tau>`` (final test accuracy at the undelayed rate,
+    ``tuned_<opt>_0 - drop``), ``tuned_<opt>_<tau>``, ``tuned_std_<opt>_<tau>``, ``tuned_lr_<opt>_<tau>`` (test
+    accuracy at the rate validation chose for that delay, its std, the rate), ``tuned_at_edge_<opt>_<tau>`` (1.0
+    when that rate is the smallest or largest of ``grids[opt]``), ``lr_<opt>`` (the undelayed rate) and
+    ``lr_at_edge_<opt>``; for every pair of ``differences``: ``gap_<a>_<b>_<tau>`` (a's accuracy lost minus b's,
+    paired by seed), ``gap_se_…``, ``gap_low_…``/``gap_high_…`` (its 95% interval) and ``gap_sign_…`` (``"+"`` when
+    the interval is above zero, ``"-"`` below, ``"0"`` when it holds zero: the run cannot tell), and
+    ``gap_halfwidth_max_<tau>`` (the widest of those intervals at that delay, as a half-width). The Adam - SGD
+    gap is also ``difference_<tau>`` / ``difference_se_<tau>`` (the headline's names), and ``tuned_gap_0`` is
+    |Adam - SGD| at tau = 0. ``retuned`` (``staleness.tuned_differences``) adds the same keys under ``tgap``: a's
+    test accuracy minus b's, each at the rate re-chosen for that tau.
 
     >>> check = pd.DataFrame({"tau": [2], "optimizer": ["adam"], "slowdown_mean": [3.4], "slowdown_std": [0.5],
-    ...                       "drop_mean": [0.01], "reached": [8]})
+    ...                       "drop_mean": [0.01], "drop_ci_low": [0.0], "drop_ci_high": [0.02], "reached": [8],
+    ...                       "learning_rate": [0.03]})
     >>> tuned = pd.DataFrame({"adam": [0.9], "adam_std": [0.01], "adam_lr": [0.03]}, index=pd.Index([2], name="tau"))
-    >>> q = staleness_numbers(check, pd.DataFrame(columns=["tau", "mean", "se"]), tuned, {"adam": [0.01, 0.03]}, (2,))
-    >>> q["slowdown_adam_2"], q["reached_adam_2"], math.isnan(q["difference_2"]), q["tuned_at_edge_adam_2"]
-    (3.4, 8.0, True, 1.0)
+    >>> gaps = pd.DataFrame({"a": ["adam"], "b": ["sgd"], "tau": [2], "mean": [-0.1], "se": [0.02],
+    ...                      "ci_low": [-0.15], "ci_high": [-0.05]})
+    >>> q = staleness_numbers(check, gaps, tuned, {"adam": [0.01, 0.03]}, (2,))
+    >>> q["slowdown_adam_2"], q["reached_adam_2"], q["gap_sign_adam_sgd_2"], q["tuned_at_edge_adam_2"]
+    (3.4, 8, '-', 1.0)
+    >>> q["difference_2"], q["lr_at_edge_adam"]
+    (-0.1, 1.0)
     """
     at = check.set_index(["tau", "optimizer"]) if len(check) else pd.DataFrame()
-    d = difference.set_index("tau") if len(difference) else pd.DataFrame()
+    names = list(dict.fromkeys([*(check["optimizer"] if len(check) else []), *[c for c in tuned.columns
+                                                                           if "_" not in c]]))
     out: dict[str, Any] = {}
-    for tau in (0, *taus):
-        for o in ("adam", "sgd"):
+
+    def at_edge(o: str, lr: float) -> float:
+        grid = list((grids or {}).get(o, []))
+        return NAN if not grid or math.isnan(lr) else float(lr in (min(grid), max(grid)))
+
+    for o in names:
+        lrs = check.loc[check["optimizer"] == o, "learning_rate"] if len(check) else pd.Series(dtype=float)
+        out[f"lr_{o}"] = float(lrs.iloc[0]) if len(lrs) else NAN
+        out[f"lr_at_edge_{o}"] = at_edge(o, out[f"lr_{o}"])
+        for tau in (0, *taus):
             for name, column in (("slowdown", "slowdown_mean"), ("slowdown_std", "slowdown_std"),
-                                 ("drop", "drop_mean"), ("reached", "reached")):
+                                 ("drop", "drop_mean"), ("drop_low", "drop_ci_low"), ("drop_high", "drop_ci_high")):
                 out[f"{name}_{o}_{tau}"] = _at(at, (tau, o), column)
+            reached = _at(at, (tau, o), "reached")  # a count: an integer where measured
+            out[f"reached_{o}_{tau}"] = int(reached) if math.isfinite(reached) else NAN
             out[f"tuned_{o}_{tau}"] = _at(tuned, tau, o)
             out[f"tuned_std_{o}_{tau}"] = _at(tuned, tau, f"{o}_std")
             lr = out[f"tuned_lr_{o}_{tau}"] = _at(tuned, tau, f"{o}_lr")
-            grid = list((grids or {}).get(o, []))
-            out[f"tuned_at_edge_{o}_{tau}"] = NAN if not grid or math.isnan(lr) else float(lr in (min(grid), max(grid)))
-        out[f"difference_{tau}"] = _at(d, tau, "mean")
-        out[f"difference_se_{tau}"] = _at(d, tau, "se")
-    for tau in (0, *taus):
-        for o in ("adam", "sgd"):
+            out[f"tuned_at_edge_{o}_{tau}"] = at_edge(o, lr)
+        for tau in (0, *taus):
             out[f"final_{o}_{tau}"] = out[f"tuned_{o}_0"] - out[f"drop_{o}_{tau}"]
-    out["tuned_gap_0"] = abs(out["tuned_adam_0"] - out["tuned_sgd_0"])
+    out.update(_gaps(differences, "gap", taus))
+    out.update(_gaps(retuned if retuned is not None else pd.DataFrame(), "tgap", taus))
+    pairs = list(dict.fromkeys(zip(differences["a"], differences["b"]))) if len(differences) else []
+    for tau in (0, *taus):  # the widest interval of any gap at this delay, as a half-width
+        widths = [(out[f"gap_high_{a}_{b}_{tau}"] - out[f"gap_low_{a}_{b}_{tau}"]) / 2 for a, b in pairs]
+        widths = [w for w in widths if not math.isnan(w)]
+        out[f"gap_halfwidth_max_{tau}"] = max(widths) if widths else NAN
+    for tau in (0, *taus):
+        out[f"difference_{tau}"] = out[f"gap_adam_sgd_{tau}"]
+        out[f"difference_se_{tau}"] = out[f"gap_se_adam_sgd_{tau}"]
+    out["tuned_gap_0"] = abs(out.get("tuned_adam_0", NAN) - out.get("tuned_sgd_0", NAN))
     return out
 
 
 def quoted(costs: pd.DataFrame, ps_runs: pd.DataFrame, placement: pd.DataFrame, sweep: pd.DataFrame,
-           check: pd.DataFrame, difference: pd.DataFrame, tuned: pd.DataFrame,
-           grids: Mapping[str, Sequence[float]] | None = None) -> dict[str, Any]:
+           check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.DataFrame,
+           grids: Mapping[str, Sequence[float]] | None = None, retuned: pd.DataFrame | None = None) -> dict[str, Any]:
     """Every number notebook 04's prose quotes, in one flat dict (NaN where the run did not measure it).
 
     ``grids`` are the learning-rate grids of the staleness study (to tell whether a re-tuned rate is at an edge).
     """
     out: dict[str, Any] = {**fetch_numbers(costs), **cluster_numbers(ps_runs, placement)}
     out.update(n_push_numbers(sweep, out["model_mb"]))
-    out.update(staleness_numbers(check, difference, tuned, grids))
+    out.update(staleness_numbers(check, differences, tuned, grids, retuned=retuned))
     return {k: (NAN if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
 
 
@@ -180,7 +226,7 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
                   if "ratio_low" in v and "ratio_high" in v else "")
         return f"{num(v['ratio'], 3)}{spread}"
 
-    out = {f"{k}: time / one pass in the same mode (ratio; range over the repeats)": ratio(v)
+    out = {f"{k}: time / one pass in the same mode (ratio; median and range over interleaved rounds)": ratio(v)
            for k, v in metrics["fetch_costs"].items() if v["ratio"] != 1.0 or "one" not in k.split("/")[1]}
     if metrics.get("data_source"):
         out = {"data": str(metrics["data_source"]), **out}
@@ -191,12 +237,14 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
             f"accuracy / mean staleness (updates)"] = \
             f"{r['steps_per_s']:.1f} ± {r['steps_per_s_std']:.1f} / {r['final_accuracy']:.3f} / {r['staleness_mean']:.2f}"
     q = metrics.get("quoted", {})
-    for tau in (1, 2, 4, 8):
-        value = q.get(f"difference_{tau}")
-        if isinstance(value, float) and value == value:  # not NaN: this delay was measured
-            out[f"staleness τ = {tau}, each optimizer at its best undelayed learning rate: Adam's accuracy lost "
-                f"minus SGD's, paired by seed (mean ± se; negative: Adam loses less)"] = \
-                f"{signed(value, decimals=3)} ± {q[f'difference_se_{tau}']:.3f}"
+    for pair in metrics.get("staleness_gap_pairs", [["adam", "sgd"]]):
+        a, b = pair
+        shown = [f"τ = {tau}: {signed(q[f'gap_{a}_{b}_{tau}'], decimals=3)} ({signed(q[f'gap_low_{a}_{b}_{tau}'], decimals=3)}"
+                 f" to {signed(q[f'gap_high_{a}_{b}_{tau}'], decimals=3)})" for tau in (1, 2, 4, 8)
+                 if isinstance(q.get(f"gap_high_{a}_{b}_{tau}"), float) and math.isfinite(q[f"gap_high_{a}_{b}_{tau}"])]
+        if shown:
+            out[f"staleness, each optimizer at the rate the validation split chose without delay: {a}'s test accuracy "
+                f"lost minus {b}'s, paired by seed (mean and 95% interval; negative: {a} loses less)"] = "; ".join(shown)
     f = metrics["fault_accounting"]
     out["faults: updates in the last checkpoint restored / lost with the ps / applied after the last restart"] = \
         f"{f['restored_version']} / {f['lost_with_ps']} / {f['applied_after_restart']}"
@@ -222,12 +270,13 @@ METRIC_KINDS = {
     "quoted/*_spread_*": "timing_spread", "quoted/*_side": "timing_verdict",  # before the ratios they belong to
     "quoted/tf1_eval_per_variable": "timing_ratio", "quoted/eager_*": "timing_ratio", "quoted/function_*": "timing_ratio",
     "quoted/worker_cpu_ms*": "timing", "quoted/worker_cpu_ratio": "timing_ratio", "quoted/ps_cpu_ratio": "timing_ratio",
-    "quoted/link_gbit_s": "constant", "quoted/transfer_s": "constant", "quoted/largest_variable*": "constant",
+    "quoted/link_gbit_s": "constant", "quoted/timing_tolerance": "constant",
+    "confidence": "constant", "staleness_gap_pairs": "constant", "quoted/transfer_s": "constant", "quoted/largest_variable*": "constant",
     "quoted/model_mb": "constant", "quoted/mb_per_task": "constant", "quoted/n_smallest": "constant",
     "quoted/n_largest": "constant", "quoted/updates_smallest": "constant", "quoted/updates_largest": "constant",
     "quoted/sweep_steps": "constant", "quoted/accuracy_*": "accuracy",
     "quoted/updates_1": "count", "quoted/updates_2": "count",
-    "duration_s": "timing",
+    "duration_s": "timing", "staleness_seconds": "timing", "val_images": "constant",
 }
 """What each value of study 04's ``metrics.json`` is (``study.report.kinds``); the rest are measured values
 (staleness, accuracy, counts of updates, which vary between asynchronous runs)."""

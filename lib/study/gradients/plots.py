@@ -1,6 +1,6 @@
 """Figures of study 04 (gradients across a boundary, Downpour SGD, staleness); one function per figure.
 
-Each returns a matplotlib Figure with labelled axes (units in brackets), a legend where lines must be told
+Each returns a matplotlib Figure with labelled axes (units in parentheses), a legend where lines must be told
 apart, and shared axes where panels are compared. Captions are given to ``reporting.save_figure`` by the notebook.
 """
 
@@ -13,12 +13,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-OPTIMIZER_COLOURS = {"sgd": "tab:blue", "adam": "tab:red", "adagrad": "tab:green"}
+OPTIMIZER_COLOURS = {"sgd": "tab:blue", "adam": "tab:red", "adagrad": "tab:green", "adamw": "tab:orange",
+                     "muon": "tab:purple"}
 
 
 def fetch_cost_bars(table: pd.DataFrame) -> plt.Figure:
     """Median ms to get every gradient of the CNN, per mode and method, with whiskers from the fastest to the slowest
-    repeat; on each bar the ratio to one pass and its spread over the repeats, rounded outward as in the prose."""
+    round; on each bar the ratio to one pass (median over the rounds) and its range over the rounds, rounded outward
+    as in the prose."""
     from study.report.prose import ceil, floor, times
 
     fig, ax = plt.subplots(figsize=(9.5, 4.2))
@@ -34,7 +36,8 @@ def fetch_cost_bars(table: pd.DataFrame) -> plt.Figure:
     ax.set_yticks(range(len(table)), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, table["ms_max"].max() * 1.45)
-    ax.set_xlabel("time to get all 8 gradients of the Deep MNIST CNN [ms]: median; whiskers: fastest–slowest repeat")
+    ax.set_xlabel("time to get all 8 gradients of the Deep MNIST CNN (ms): median over interleaved rounds; whiskers: "
+                  "fastest–slowest round")
     ax.xaxis.label.set_fontsize(9)
     fig.tight_layout()
     return fig
@@ -46,7 +49,7 @@ def quadratic_trace(trace: pd.DataFrame) -> plt.Figure:
     ax.plot(trace["step"], trace["x"], marker=".", label="x (the variable)")
     ax.plot(trace["step"], trace["dy_dx"], marker=".", label="dy/dx (its gradient)")
     ax.axhline(0, color="k", lw=0.6)
-    ax.set(xlabel="step", ylabel="value [unitless]")
+    ax.set(xlabel="step", ylabel="value (unitless)")
     ax.legend()
     fig.tight_layout()
     return fig
@@ -59,8 +62,8 @@ def accuracy_curves(runs: Mapping[str, Mapping[str, Any]]) -> plt.Figure:
         curve = pd.DataFrame(result["curve"])
         left.plot(curve["seconds"], curve["accuracy"], marker=".", color=f"C{i}", label=label)
         right.plot(curve["applied_updates"], curve["accuracy"], marker=".", color=f"C{i}", label=label)
-    left.set(xlabel="wall time since the first scheduled function [s]", ylabel="test accuracy [fraction]")
-    right.set(xlabel="updates applied on the ps [count]")
+    left.set(xlabel="wall time since the first scheduled function (s)", ylabel="test accuracy (fraction)")
+    right.set(xlabel="updates applied on the ps (count)")
     left.set_ylim(0, 1)
     left.legend(loc="lower right")
     for ax in (left, right):
@@ -75,23 +78,23 @@ def n_push_sweep(table: pd.DataFrame) -> plt.Figure:
     fig, axes = plt.subplots(1, 4, figsize=(15, 3.4), sharex=True)
     axes[0].plot(table["n_push"], 1e3 * table["worker_cpu_s_per_step"], marker="o", label="workers")
     axes[0].plot(table["n_push"], 1e3 * table["ps_cpu_s_per_step"], marker="s", label="ps tasks")
-    axes[0].set(ylabel="CPU time per worker step [ms]", ylim=(0, None))
+    axes[0].set(ylabel="CPU time per worker step (ms)", ylim=(0, None))
     axes[0].legend()
     axes[1].errorbar(table["n_push"], table["steps_per_s"], yerr=table["steps_per_s_std"], marker="o", capsize=3)
-    axes[1].set(ylabel="steps per second, both workers [1/s]", ylim=(0, None))
+    axes[1].set(ylabel="steps per second, both workers (1/s)", ylim=(0, None))
     axes[2].plot(table["n_push"], table["staleness_mean"], marker="o")
-    axes[2].set(ylabel="mean staleness of a push [updates]", ylim=(0, 1.2 * float(table["staleness_mean"].max())))
+    axes[2].set(ylabel="mean staleness of a push (updates)", ylim=(0, 1.2 * float(table["staleness_mean"].max())))
     axes[3].plot(table["n_push"], table["final_accuracy"], marker="o", ls="none")  # runs of unequal training
     for n, accuracy, updates in zip(table["n_push"], table["final_accuracy"], table["applied_updates"]):
         axes[3].annotate(f"{int(updates)} updates", (n, accuracy), xytext=(0, 8), textcoords="offset points",
                          ha="center", fontsize=8)  # above the point: below it, the leftmost label ran into the ticks
-    axes[3].set(ylabel="test accuracy after the run [fraction]", ylim=(0, 1))
+    axes[3].set(ylabel="test accuracy after the run (fraction)", ylim=(0, 1))
     for ax in axes:
         ax.set_xscale("log", base=2)
         ax.margins(x=0.15)
         ax.set_xticks(table["n_push"], [str(n) for n in table["n_push"]])
         ax.minorticks_off()
-        ax.set_xlabel("n_push = n_fetch [steps]")
+        ax.set_xlabel("n_push = n_fetch (steps)")
         ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
@@ -112,9 +115,9 @@ def staleness_histograms(runs: Mapping[str, Mapping[str, Any]]) -> plt.Figure:
         setting = (f"{job['workers']} worker{'s' * (job['workers'] > 1)}, n_push = {job['n_push']}, {job['steps']} steps"
                    if {"workers", "n_push", "steps"} <= set(job) else label)
         ax.set_title(f"{setting}\nmean {values.mean():.2f}, {len(values)} pushes", fontsize=9)
-        ax.set_xlabel("staleness [updates]")
+        ax.set_xlabel("staleness (updates)")
         ax.set_xticks(range(0, top + 1, max(1, (top + 1) // 6)))
-    axes[0, 0].set_ylabel("share of pushes [fraction]")
+    axes[0, 0].set_ylabel("share of pushes (fraction)")
     fig.tight_layout()
     return fig
 
@@ -125,8 +128,12 @@ def staleness_curves(curves: pd.DataFrame, best: Mapping[str, float], target: fl
     taus = sorted(curves["tau"].unique())
     colours = plt.get_cmap("Dark2")(np.arange(len(taus)) % 8)  # distinct hues, and a line style each: neighbours
     styles = ["-", "--", "-.", ":", (0, (5, 1, 1, 1))]           # in τ must not look alike
-    fig, axes = plt.subplots(1, len(optimizers), figsize=(5.2 * len(optimizers), 3.8), sharey=True, squeeze=False)
-    for ax, name in zip(axes[0], optimizers):
+    columns = min(3, len(optimizers))
+    rows = -(-len(optimizers) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 3.6 * rows + 0.4), sharey=True, squeeze=False)
+    for ax in axes.flat[len(optimizers):]:
+        ax.set_visible(False)
+    for ax, name in zip(axes.flat, optimizers):
         mine = curves[(curves["optimizer"] == name) & (curves["learning_rate"] == best[name])]
         for i, (colour, tau) in enumerate(zip(colours, taus)):
             stats = mine[mine["tau"] == tau].groupby("updates")["accuracy"].agg(["mean", "std"])
@@ -134,30 +141,35 @@ def staleness_curves(curves: pd.DataFrame, best: Mapping[str, float], target: fl
             ax.fill_between(stats.index, stats["mean"] - stats["std"].fillna(0),
                             stats["mean"] + stats["std"].fillna(0), color=colour, alpha=0.15, lw=0)
         ax.axhline(target, color="grey", ls="-", lw=0.8, label=f"target {target:g}")
-        ax.set(title=f"{name}, learning rate {best[name]:g}", xlabel="updates [count]")
+        ax.set(title=f"{name}, learning rate {best[name]:g}", xlabel="updates (count)")
         ax.grid(alpha=0.3)
-    axes[0, 0].set_ylabel("test accuracy [fraction]")
+    for row in axes:
+        row[0].set_ylabel("test accuracy (fraction)")
     axes[0, 0].set_ylim(0, 1)
-    handles, labels = axes[0, -1].get_legend_handles_labels()  # below the panels: inside, it hid low curves
+    handles, labels = axes[0, 0].get_legend_handles_labels()  # below the panels: inside, it hid low curves
     fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=len(labels), frameon=False)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.tight_layout(rect=(0, 0.08 / rows, 1, 1))
     return fig
 
 
 def dai_slowdown(check: pd.DataFrame) -> plt.Figure:
-    """Final-accuracy drop against tau per optimizer (mean ± std over seeds), at each one's best tau=0 rate."""
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
-    for name, group in check.groupby("optimizer", sort=False):
-        ax.errorbar(group["tau"], group["drop_mean"], yerr=group["drop_std"], marker="o", capsize=3,
+    """Final test-accuracy drop against tau per optimizer (mean over seeds, whiskers: its confidence interval),
+    at each one's undelayed rate; the optimizers side by side at each tau, a little apart so whiskers do not hide."""
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    names = list(dict.fromkeys(check["optimizer"]))
+    for i, (name, group) in enumerate(check.groupby("optimizer", sort=False)):
+        shift = 1 + 0.04 * (i - (len(names) - 1) / 2)  # a small offset on the log-like axis
+        error = [(group["drop_mean"] - group["drop_ci_low"]).fillna(0), (group["drop_ci_high"] - group["drop_mean"]).fillna(0)]
+        ax.errorbar(group["tau"] * shift, group["drop_mean"], yerr=error, marker="o", capsize=3,
                     color=OPTIMIZER_COLOURS.get(name), label=f"{name} (lr {group['learning_rate'].iloc[0]:g})")
     taus = sorted(check["tau"].unique())
     ax.set_xscale("symlog", linthresh=1)
     ax.set_xticks(taus, [str(t) for t in taus])
     ax.minorticks_off()
     ax.axhline(0, color="k", lw=0.6)
-    ax.set(xlabel="τ: updates between reading the parameters and applying the gradient [count]",
-           ylabel="accuracy lost vs τ = 0 [fraction]")
-    ax.legend()
+    ax.set(xlabel="τ: updates between reading the parameters and applying the gradient (count)",
+           ylabel="test accuracy lost vs τ = 0 (fraction)")
+    ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
@@ -211,7 +223,7 @@ def fault_timeline(result: Mapping[str, Any]) -> plt.Figure:
                     label=once(f"{fault['killed']} killed at ≈{seen} (its function re-ran;\nnothing lost)"))
     ax.set_yticks(range(len(starts)), [f"attempt {i + 1}\n(from {s})" for i, s in enumerate(starts)])
     ax.set_ylim(len(starts) - 0.5, -0.75)  # inverted, with room above the first bar for a worker's kill marker
-    ax.set(xlabel="updates on the ps [count]", xlim=(0, 1.04 * max(ends)))
+    ax.set(xlabel="updates on the ps (count)", xlim=(0, 1.04 * max(ends)))
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=2, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()

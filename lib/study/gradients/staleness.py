@@ -1,10 +1,13 @@
-"""Staleness in one process: every gradient applied ``tau`` updates late, for SGD, Adam and Adagrad, many seeds at once.
+"""Staleness in one process: every gradient applied ``tau`` updates late, for SGD, Adam, Adagrad, AdamW and Muon,
+many seeds at once.
 
 * ``StaleTrainer``: an MLP 784-hidden-10 with one copy per seed along a leading axis, its optimizers written out
   element-wise so that the learning rate and ``tau`` are tensors (one trace per optimizer);
 * ``staleness_study``: accuracy curves for every optimizer x learning rate x tau x seed;
-* ``final_accuracy``, ``staleness_table``, ``best_learning_rates``, ``updates_to_target``, ``dai_check``,
-  ``best_per_tau``, ``paired_difference``: the tables study 04 reads off those curves (Dai et al.'s claim).
+* ``final_accuracy``, ``best_learning_rates``, ``best_per_tau``, ``rate_grid``, ``updates_to_target``,
+  ``dai_check``, ``paired_difference(s)``: the tables study 04 reads off those curves. Every learning rate is
+  chosen on the validation split; every accuracy reported is the test split's; every gap comes with a
+  ``CONFIDENCE`` interval over seeds (Student's t, paired by seed).
 """
 
 from __future__ import annotations
@@ -29,6 +32,24 @@ def _mlp_init(seed: int, hidden: int = 64) -> list[np.ndarray]:
 
 ADAM = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}  # Keras 3 defaults
 ADAGRAD = {"initial_accumulator_value": 0.1, "epsilon": 1e-7}
+ADAMW = {"weight_decay": 0.004}  # keras.optimizers.AdamW's default; the rest as Adam
+MUON = {"momentum": 0.95, "ns_steps": 5, "a": 3.4445, "b": -4.7750, "c": 2.0315, "rms_rate": 0.2,
+        "weight_decay": 0.004}  # keras.optimizers.Muon's defaults (nesterov=True)
+MUON_PARAMETERS = (0,)
+"""The variables Muon updates with its orthogonalised step: the hidden layer's kernel. The output kernel and the
+biases take its AdamW step, as Keras' ``Muon`` documentation asks for the output layer and every 1-D variable."""
+
+
+def _newton_schulz(x: tf.Tensor, steps: int) -> tf.Tensor:
+    """Muon's quintic Newton-Schulz iteration on the last two axes (``keras.optimizers.Muon``'s, batched by seed)."""
+    tall = x.shape[-2] > x.shape[-1]
+    if tall:
+        x = tf.linalg.matrix_transpose(x)
+    x = x / (tf.norm(x, axis=(-2, -1), keepdims=True) + 1e-7)
+    for _ in range(steps):
+        a = x @ tf.linalg.matrix_transpose(x)
+        x = MUON["a"] * x + (MUON["b"] * a + MUON["c"] * a @ a) @ x
+    return tf.linalg.matrix_transpose(x) if tall else x
 
 
 class StaleTrainer:
@@ -37,7 +58,9 @@ class StaleTrainer:
     The seeds are a leading axis of every variable; the loss is the sum over seeds of each copy's own mean loss,
     so each copy's gradient is its own. The optimizers are element-wise, written out here so that the learning
     rate and ``tau`` are tensors (one trace per optimizer); ``tests/test_gradient_study.py`` checks them against
-    ``keras.optimizers.SGD``/``Adam``/``Adagrad``. ``StaleTrainer(data, "adam", seeds=[0, 1]).run(0.003, tau=4)``
+    ``keras.optimizers.SGD``/``Adam``/``Adagrad``/``AdamW``/``Muon``. Every ``eval_every`` updates it measures
+    accuracy on the validation split (which chooses learning rates) and on the test split (which is reported).
+    ``StaleTrainer(data, "adam", seeds=[0, 1]).run(0.003, tau=4)``
     """
 
     def __init__(self, data: MnistSplits, optimizer: str, seeds: Sequence[int], steps: int = 200,
@@ -55,7 +78,8 @@ class StaleTrainer:
         idx = np.stack([np.random.default_rng(seed).integers(0, len(x), (steps, batch)) for seed in self.seeds], 1)
         self.x_train, self.y_train = tf.constant(x), tf.constant(data.y_train)
         self.idx = tf.constant(idx)
-        self.x_test, self.y_test = tf.constant(data.x_test.reshape(-1, 784)), tf.constant(data.y_test)
+        self.splits = {"val": (tf.constant(data.x_val.reshape(-1, 784)), tf.constant(data.y_val)),
+                       "test": (tf.constant(data.x_test.reshape(-1, 784)), tf.constant(data.y_test))}
         self._run = tf.function(self._train)
 
     @staticmethod
@@ -66,21 +90,42 @@ class StaleTrainer:
         h = tf.nn.relu(tf.einsum(eq, x, w1) + b1[:, None, :])
         return tf.einsum("sbh,shk->sbk", h, w2) + b2[:, None, :]
 
+    @staticmethod
+    def _adam(v: tf.Variable, g: tf.Tensor, m: tf.Variable, s: tf.Variable, lr: tf.Tensor, step: tf.Tensor) -> None:
+        t = tf.cast(step + 1, tf.float32)
+        alpha = lr * tf.sqrt(1 - ADAM["beta_2"] ** t) / (1 - ADAM["beta_1"] ** t)
+        m.assign_add((g - m) * (1 - ADAM["beta_1"]))
+        s.assign_add((tf.square(g) - s) * (1 - ADAM["beta_2"]))
+        v.assign_sub(m * alpha / (tf.sqrt(s) + ADAM["epsilon"]))
+
     def _update(self, step: tf.Tensor, grads: list[tf.Tensor], lr: tf.Tensor) -> None:
         if self.optimizer == "sgd":
             for v, g in zip(self.params, grads):
                 v.assign_sub(lr * g)
-        elif self.optimizer == "adam":
-            t = tf.cast(step + 1, tf.float32)
-            alpha = lr * tf.sqrt(1 - ADAM["beta_2"] ** t) / (1 - ADAM["beta_1"] ** t)
+        elif self.optimizer in ("adam", "adamw"):
             for v, g, m, s in zip(self.params, grads, *self.slots):
-                m.assign_add((g - m) * (1 - ADAM["beta_1"]))
-                s.assign_add((tf.square(g) - s) * (1 - ADAM["beta_2"]))
-                v.assign_sub(m * alpha / (tf.sqrt(s) + ADAM["epsilon"]))
+                if self.optimizer == "adamw":  # decoupled weight decay, applied before the step as Keras does
+                    v.assign_sub(v * ADAMW["weight_decay"] * lr)
+                self._adam(v, g, m, s, lr, step)
+        elif self.optimizer == "muon":
+            for i, (v, g, m, s) in enumerate(zip(self.params, grads, *self.slots)):
+                v.assign_sub(v * MUON["weight_decay"] * lr)
+                if i not in MUON_PARAMETERS:
+                    self._adam(v, g, m, s, lr, step)
+                    continue
+                m.assign_add(g + m * (MUON["momentum"] - 1))
+                update = _newton_schulz(g + MUON["momentum"] * m, MUON["ns_steps"])  # Nesterov
+                scale = np.sqrt(max(v.shape[-2], v.shape[-1])) * MUON["rms_rate"]
+                v.assign_sub(lr * update * scale)
         else:  # adagrad
             for v, g, acc in zip(self.params, grads, self.slots[0]):
                 acc.assign_add(tf.square(g))
                 v.assign_sub(lr * g / tf.sqrt(acc + ADAGRAD["epsilon"]))
+
+    def _accuracy(self, split: str) -> tf.Tensor:
+        x, y = self.splits[split]
+        predicted = tf.argmax(self.logits(self.params, x), -1, output_type=tf.int32)
+        return tf.reduce_mean(tf.cast(predicted == y[None, :], tf.float32), 1)
 
     def _train(self, lr: tf.Tensor, tau: tf.Tensor) -> tf.Tensor:
         evals = tf.TensorArray(tf.float32, size=self.steps // self.eval_every)
@@ -98,13 +143,13 @@ class StaleTrainer:
                 loss = tf.reduce_sum(per_seed)
             self._update(step, tape.gradient(loss, stale), lr)
             if (step + 1) % self.eval_every == 0:
-                predicted = tf.argmax(self.logits(self.params, self.x_test), -1, output_type=tf.int32)
-                accuracy = tf.reduce_mean(tf.cast(predicted == self.y_test[None, :], tf.float32), 1)
-                evals = evals.write((step + 1) // self.eval_every - 1, accuracy)
+                evals = evals.write((step + 1) // self.eval_every - 1,
+                                    tf.stack([self._accuracy("val"), self._accuracy("test")]))
         return evals.stack()
 
-    def run(self, learning_rate: float, tau: int) -> np.ndarray:
-        """Test accuracy after every ``eval_every`` updates, shape (evaluations, seeds). ``trainer.run(0.2, 4)``"""
+    def run(self, learning_rate: float, tau: int) -> dict[str, np.ndarray]:
+        """Validation and test accuracy after every ``eval_every`` updates, each of shape (evaluations, seeds):
+        ``{"val": ..., "test": ...}``. ``trainer.run(0.2, 4)["test"]``"""
         if not 0 <= tau <= self.tau_max:
             raise ValueError(f"tau: expected 0..{self.tau_max}; got {tau}")
         for v, init in zip(self.params, self.init):
@@ -115,13 +160,15 @@ class StaleTrainer:
             for v in slot:
                 v.assign(tf.fill(v.shape, ADAGRAD["initial_accumulator_value"] if self.optimizer == "adagrad"
                                  and slot is self.slots[0] else 0.0))
-        return self._run(tf.constant(learning_rate, tf.float32), tf.constant(tau)).numpy()
+        both = self._run(tf.constant(learning_rate, tf.float32), tf.constant(tau)).numpy()
+        return {"val": both[:, 0], "test": both[:, 1]}
 
 
 def staleness_study(config: GradientStudyConfig, data: MnistSplits) -> pd.DataFrame:
     """Accuracy curves for every optimizer x learning rate x tau x seed. ``staleness_study(cfg, data)``
 
-    Columns: optimizer, learning_rate, tau, seed, updates, accuracy (test accuracy after ``updates`` updates).
+    Columns: optimizer, learning_rate, tau, seed, updates, accuracy (test accuracy after ``updates`` updates) and
+    val_accuracy (on the validation split, which alone chooses learning rates).
     """
     rows = []
     for name in config.staleness_optimizers:
@@ -130,10 +177,11 @@ def staleness_study(config: GradientStudyConfig, data: MnistSplits) -> pd.DataFr
         for lr in config.staleness_learning_rates[name]:
             for tau in config.taus:
                 curves = trainer.run(lr, tau)
-                for e, accuracies in enumerate(curves):
-                    for seed, acc in zip(config.seeds, accuracies):
+                for e, (val, test) in enumerate(zip(curves["val"], curves["test"])):
+                    for seed, v, t in zip(config.seeds, val, test):
                         rows.append({"optimizer": name, "learning_rate": lr, "tau": tau, "seed": seed,
-                                     "updates": (e + 1) * config.staleness_eval_every, "accuracy": float(acc)})
+                                     "updates": (e + 1) * config.staleness_eval_every, "accuracy": float(t),
+                                     "val_accuracy": float(v)})
     return pd.DataFrame(rows)
 
 
@@ -143,31 +191,93 @@ def final_accuracy(curves: pd.DataFrame) -> pd.DataFrame:
     return curves[curves["updates"] == last].drop(columns="updates").reset_index(drop=True)
 
 
-def staleness_table(curves: pd.DataFrame) -> pd.DataFrame:
-    """Final test accuracy as 'mean ± std' over seeds (one precision per column); rows optimizer x learning rate
-    (written as ``dai_display`` and ``tuned_display`` write it), columns τ (updates late)."""
-    from study.report.reporting import common_decimals, format_mean_std
+CONFIDENCE = 0.95
+"""The level of every confidence interval the staleness study reports (Student's t over seeds, paired by seed)."""
 
+
+def t_interval(values: Any) -> tuple[float, float, float]:
+    """Mean and the ``CONFIDENCE`` Student-t interval of the mean of ``values`` (one per seed): (mean, low, high).
+
+    NaN bounds for fewer than two values. ``t_interval([0.1, 0.2, 0.3])``"""
+    from scipy import stats
+
+    x = np.asarray(values, dtype=float)
+    mean = float(np.mean(x)) if len(x) else float("nan")
+    if len(x) < 2:
+        return mean, float("nan"), float("nan")
+    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, len(x) - 1) * np.std(x, ddof=1) / np.sqrt(len(x)))
+    return mean, mean - half, mean + half
+
+
+def _mean_over_seeds(curves: pd.DataFrame) -> pd.DataFrame:
     final = final_accuracy(curves)
-    grouped = final.groupby(["optimizer", "learning_rate", "tau"])["accuracy"].agg(["mean", "std"]).reset_index()
-    decimals = {tau: common_decimals(g["mean"], g["std"]) for tau, g in grouped.groupby("tau")}  # one per column
-    grouped["accuracy"] = [format_mean_std(m, s, decimals=decimals[t])
-                           for m, s, t in zip(grouped["mean"], grouped["std"], grouped["tau"])]
-    table = grouped.pivot(index=["optimizer", "learning_rate"], columns="tau", values="accuracy")
-    table.columns = [f"τ = {t}" for t in table.columns]
-    table.index = pd.MultiIndex.from_tuples([(o, f"{lr:g}") for o, lr in table.index], names=table.index.names)
-    return table
+    return final.groupby(["optimizer", "learning_rate", "tau"], sort=False).agg(
+        val_mean=("val_accuracy", "mean"), test_mean=("accuracy", "mean"), test_std=("accuracy", "std")).reset_index()
 
 
 def best_learning_rates(curves: pd.DataFrame) -> dict[str, float]:
-    """Each optimizer's learning rate with the best mean final accuracy at tau = 0 (tuned without delay)."""
-    final = final_accuracy(curves)
-    fresh = final[final["tau"] == 0].groupby(["optimizer", "learning_rate"])["accuracy"].mean().reset_index()
-    return {name: float(g.sort_values("accuracy").iloc[-1]["learning_rate"]) for name, g in fresh.groupby("optimizer")}
+    """Each optimizer's learning rate with the best mean final *validation* accuracy at tau = 0 (tuned without
+    delay); the test split never chooses. Optimizers in the order of ``curves``."""
+    fresh = _mean_over_seeds(curves).query("tau == 0")
+    return {name: float(g.loc[g["val_mean"].idxmax(), "learning_rate"]) for name, g in fresh.groupby("optimizer", sort=False)}
+
+
+def best_per_tau(curves: pd.DataFrame) -> pd.DataFrame:
+    """Final accuracy with the learning rate re-tuned for each tau on the validation split: rows tau, columns
+    optimizer (the chosen rate's mean *test* accuracy over seeds), with ``<optimizer>_std`` (its std over seeds),
+    ``<optimizer>_lr`` (the rate) and ``<optimizer>_val`` (the mean validation accuracy that chose it) beside it."""
+    stats = _mean_over_seeds(curves)
+    best = stats.loc[stats.groupby(["optimizer", "tau"], sort=False)["val_mean"].idxmax()]
+    out = pd.DataFrame(index=pd.Index(sorted(best["tau"].unique()), name="tau"))
+    for name in best["optimizer"].unique():
+        mine = best[best["optimizer"] == name].set_index("tau")
+        out[name] = mine["test_mean"]
+        out[f"{name}_std"] = mine["test_std"]
+        out[f"{name}_lr"] = mine["learning_rate"]
+        out[f"{name}_val"] = mine["val_mean"]
+    return out
+
+
+def rate_grid(curves: pd.DataFrame) -> pd.DataFrame:
+    """Every rate of the grid at every tau: mean final validation accuracy (which chooses), mean and std of the
+    final test accuracy (which is reported), and whether validation chose this rate for this tau (``chosen``) and
+    for tau = 0 (``chosen_undelayed``, the rate the undelayed comparisons use). ``rate_grid(staleness_study(...))``"""
+    stats = _mean_over_seeds(curves)
+    first = stats.loc[stats.groupby(["optimizer", "tau"], sort=False)["val_mean"].idxmax()]  # ties: the first rate
+    picked = set(zip(first["optimizer"], first["tau"], first["learning_rate"]))
+    stats["chosen"] = [(o, t, lr) in picked for o, t, lr in zip(stats["optimizer"], stats["tau"], stats["learning_rate"])]
+    best = best_learning_rates(curves)
+    stats["chosen_undelayed"] = [best.get(o) == lr for o, lr in zip(stats["optimizer"], stats["learning_rate"])]
+    return stats
+
+
+def peek_cost(grid: pd.DataFrame, tau: int = 0) -> dict[str, float]:
+    """Per optimizer, the test accuracy choosing on the validation split gave up at ``tau``: the grid's best mean
+    test accuracy minus that of the rate validation chose (0 when both splits agree). ``peek_cost(rate_grid(c))``"""
+    mine = grid[grid["tau"] == tau]
+    return {o: float(g["test_mean"].max() - g.loc[g["chosen"], "test_mean"].iloc[0])
+            for o, g in mine.groupby("optimizer", sort=False)}
+
+
+def rate_grid_display(grid: pd.DataFrame) -> pd.DataFrame:
+    """``rate_grid`` as the report shows it: rows (optimizer, learning rate), per τ one cell
+    "validation · test mean ± std", marked "◀" where validation chose that rate for that τ."""
+    from study.report.reporting import common_decimals, format_mean_std
+
+    decimals = common_decimals(grid["test_mean"], grid["test_std"].fillna(0))
+    decimals = 3 if decimals is None else min(decimals, 3)
+    cells = [f"{v:.{decimals}f} · {format_mean_std(m, s, decimals=decimals)}{' ◀' if c else ''}"
+             for v, m, s, c in zip(grid["val_mean"], grid["test_mean"], grid["test_std"], grid["chosen"])]
+    shown = grid.assign(cell=cells, rate=[f"{lr:g}" for lr in grid["learning_rate"]])
+    table = shown.pivot(index=["optimizer", "rate"], columns="tau", values="cell")
+    table = table.reindex(pd.MultiIndex.from_frame(shown[["optimizer", "rate"]].drop_duplicates()))
+    table.index.names = ["optimizer", "learning rate"]
+    table.columns = [f"τ = {t}: validation · test (mean ± std)" for t in table.columns]
+    return table
 
 
 def updates_to_target(curves: pd.DataFrame, target: float) -> pd.DataFrame:
-    """Per run: the first evaluated update count with accuracy >= target (inf if never). Dai et al.'s measure."""
+    """Per run: the first evaluated update count with test accuracy >= target (inf if never). Dai et al.'s measure."""
     def first(group: pd.DataFrame) -> float:
         hit = group.loc[group["accuracy"] >= target, "updates"]
         return float(hit.min()) if len(hit) else float("inf")
@@ -176,71 +286,103 @@ def updates_to_target(curves: pd.DataFrame, target: float) -> pd.DataFrame:
     return curves.groupby(keys).apply(first, include_groups=False).rename("updates_to_target").reset_index()
 
 
+def _drops(curves: pd.DataFrame, name: str, lr: float) -> dict[int, np.ndarray]:
+    """Per tau: each seed's final test accuracy at tau = 0 minus at tau (the same seed, rate ``lr``), in seed order."""
+    final = final_accuracy(curves)
+    acc = final[(final["optimizer"] == name) & (final["learning_rate"] == lr)].set_index(["tau", "seed"])["accuracy"]
+    fresh = acc.loc[0].sort_index()
+    return {int(tau): fresh.to_numpy() - acc.loc[tau].sort_index().to_numpy()
+            for tau in sorted(acc.index.get_level_values("tau").unique())}
+
+
 def dai_check(curves: pd.DataFrame, target: float) -> pd.DataFrame:
     """Dai et al. (2019): adaptive optimizers slow down more under staleness than SGD. Per tau, at each optimizer's
-    best tau=0 learning rate: the slowdown (updates to reach ``target`` accuracy, / the same seed's at tau=0)
-    and the drop in final accuracy, as mean and std over seeds, and the paired adam-minus-sgd differences.
+    best tau=0 learning rate (chosen on the validation split): the slowdown (updates to reach ``target`` test
+    accuracy, / the same seed's at tau=0) and the drop in final test accuracy, as mean and std over seeds, with the
+    drop's ``CONFIDENCE`` interval (``drop_ci_low``, ``drop_ci_high``; paired by seed).
 
     A run that never reaches the target has an infinite slowdown; ``reached`` counts the runs that did.
     """
     best = best_learning_rates(curves)
     steps = updates_to_target(curves, target)
-    final = final_accuracy(curves)
     rows = []
     for name, lr in best.items():
         mine = steps[(steps["optimizer"] == name) & (steps["learning_rate"] == lr)].set_index(["tau", "seed"])
-        acc = final[(final["optimizer"] == name) & (final["learning_rate"] == lr)].set_index(["tau", "seed"])
+        drops = _drops(curves, name, lr)
         for tau in sorted(mine.index.get_level_values("tau").unique()):
             slow = (mine.loc[tau, "updates_to_target"] / mine.loc[0, "updates_to_target"]).to_numpy()
-            drop = (acc.loc[0, "accuracy"] - acc.loc[tau, "accuracy"]).to_numpy()
+            drop = drops[int(tau)]
             finite = slow[np.isfinite(slow)]
+            mean, low, high = t_interval(drop)
             rows.append({"optimizer": name, "learning_rate": lr, "tau": tau, "seeds": len(slow),
                          "reached": int(np.isfinite(slow).sum()),
                          "slowdown_mean": float(np.mean(slow)) if len(finite) == len(slow) else float("inf"),
                          # over the same seeds as the mean: undefined when a seed never reached the target
                          "slowdown_std": float(np.std(slow, ddof=1)) if len(finite) == len(slow) > 1
                          else float("nan"),
-                         "drop_mean": float(np.mean(drop)), "drop_std": float(np.std(drop, ddof=1)) if len(drop) > 1
-                         else float("nan")})
+                         "drop_mean": mean, "drop_std": float(np.std(drop, ddof=1)) if len(drop) > 1
+                         else float("nan"), "drop_ci_low": low, "drop_ci_high": high})
     return pd.DataFrame(rows)
-
-
-def best_per_tau(curves: pd.DataFrame) -> pd.DataFrame:
-    """Final accuracy with the learning rate re-tuned for each tau: rows tau, columns optimizer, the best mean over
-    rates, with ``<optimizer>_std`` (over seeds) and ``<optimizer>_lr`` beside it."""
-    final = final_accuracy(curves)
-    stats = final.groupby(["optimizer", "tau", "learning_rate"])["accuracy"].agg(["mean", "std"]).reset_index()
-    best = stats.loc[stats.groupby(["optimizer", "tau"])["mean"].idxmax()]
-    out = best.pivot(index="tau", columns="optimizer", values="mean")
-    for name in out.columns.tolist():
-        mine = best[best["optimizer"] == name].set_index("tau")
-        out[f"{name}_std"] = mine["std"]
-        out[f"{name}_lr"] = mine["learning_rate"]
-    return out
 
 
 def paired_difference(curves: pd.DataFrame, a: str = "adam", b: str = "sgd") -> pd.DataFrame:
-    """Per tau: drop in final accuracy of ``a`` minus that of ``b`` (each at its best tau=0 rate), paired by seed.
+    """Per tau: drop in final test accuracy of ``a`` minus that of ``b`` (each at its best tau=0 rate, chosen on
+    the validation split), paired by seed.
 
-    ``mean``, ``std`` and ``se`` (std / sqrt(seeds)) of the difference: a positive mean more than 2 se above
-    zero says ``a`` loses more to staleness than ``b`` here.
+    ``mean``, ``std``, ``se`` (std / sqrt(seeds)) and the ``CONFIDENCE`` interval (``ci_low``, ``ci_high``) of the
+    difference: an interval above zero says ``a`` loses more to staleness than ``b`` here, below zero less, and
+    one that holds zero cannot tell them apart.
     """
     best = best_learning_rates(curves)
-    final = final_accuracy(curves)
-
-    def drops(name: str) -> pd.DataFrame:
-        acc = final[(final["optimizer"] == name) & (final["learning_rate"] == best[name])].set_index(["tau", "seed"])
-        fresh = acc.loc[0, "accuracy"]
-        return acc["accuracy"].groupby("tau").apply(lambda s: fresh.to_numpy() - s.to_numpy())
-
-    da, db = drops(a), drops(b)
+    da, db = _drops(curves, a, best[a]), _drops(curves, b, best[b])
     rows = []
-    for tau in da.index:
-        diff = np.asarray(da[tau]) - np.asarray(db[tau])
+    for tau in da:
+        diff = da[tau] - db[tau]
         std = float(np.std(diff, ddof=1)) if len(diff) > 1 else float("nan")
-        rows.append({"tau": tau, "mean": float(np.mean(diff)), "std": std, "se": std / np.sqrt(len(diff)),
-                     "seeds": len(diff)})
+        mean, low, high = t_interval(diff)
+        rows.append({"a": a, "b": b, "tau": tau, "mean": mean, "std": std, "se": std / np.sqrt(len(diff)),
+                     "ci_low": low, "ci_high": high, "seeds": len(diff)})
     return pd.DataFrame(rows)
+
+
+def tuned_differences(curves: pd.DataFrame, pairs: Sequence[tuple[str, str]]) -> pd.DataFrame:
+    """Per pair and tau: final test accuracy of ``a`` minus ``b``, each at the rate the validation split chose for
+    that tau (``best_per_tau``), paired by seed; columns as ``paired_differences`` (positive: a keeps more)."""
+    final = final_accuracy(curves)
+    tuned = best_per_tau(curves)
+
+    def accuracy(name: str, tau: int) -> np.ndarray:
+        lr = tuned.loc[tau, f"{name}_lr"]
+        mine = final[(final["optimizer"] == name) & (final["learning_rate"] == lr) & (final["tau"] == tau)]
+        return mine.sort_values("seed")["accuracy"].to_numpy()
+
+    rows = []
+    for a, b in pairs:
+        for tau in tuned.index:
+            diff = accuracy(a, tau) - accuracy(b, tau)
+            std = float(np.std(diff, ddof=1)) if len(diff) > 1 else float("nan")
+            mean, low, high = t_interval(diff)
+            rows.append({"a": a, "b": b, "tau": int(tau), "mean": mean, "std": std, "se": std / np.sqrt(len(diff)),
+                         "ci_low": low, "ci_high": high, "seeds": len(diff)})
+    columns = ["a", "b", "tau", "mean", "std", "se", "ci_low", "ci_high", "seeds"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def gap_pairs(optimizers: Sequence[str]) -> list[tuple[str, str]]:
+    """The gaps the study reports: every optimizer against SGD (Dai's and Dean's comparisons) and Muon against
+    AdamW (arXiv 2606.30634's), among those run. ``gap_pairs(["sgd", "adam", "muon", "adamw"])``"""
+    names = list(optimizers)
+    pairs = [(o, "sgd") for o in names if o != "sgd" and "sgd" in names]
+    if {"muon", "adamw"} <= set(names):
+        pairs.append(("muon", "adamw"))
+    return pairs
+
+
+def paired_differences(curves: pd.DataFrame, pairs: Sequence[tuple[str, str]]) -> pd.DataFrame:
+    """``paired_difference`` for every pair, one frame (columns a, b, tau, mean, std, se, ci_low, ci_high, seeds)."""
+    frames = [paired_difference(curves, a, b) for a, b in pairs]
+    columns = ["a", "b", "tau", "mean", "std", "se", "ci_low", "ci_high", "seeds"]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 
 
 def _column(means: Any, stds: Any, most: int = 4) -> list[str]:
@@ -263,22 +405,32 @@ def dai_display(check: pd.DataFrame) -> pd.DataFrame:
     out["seeds that reached the target"] = [f"{r} of {n}" for r, n in zip(check["reached"], check["seeds"])]
     out["slowdown (× the updates at τ = 0), mean ± std"] = _column(check["slowdown_mean"], check["slowdown_std"])
     out["accuracy lost, mean ± std"] = _column(check["drop_mean"], check["drop_std"], most=3)
+    out[f"accuracy lost, {CONFIDENCE:.0%} interval"] = _interval(check["drop_ci_low"], check["drop_ci_high"])
     return out
 
 
-def difference_display(difference: pd.DataFrame, a: str = "adam", b: str = "sgd") -> pd.DataFrame:
-    """``paired_difference`` as the report shows it: rows τ, the paired difference as mean ± std, its standard error."""
-    out = pd.DataFrame(index=pd.Index(difference["tau"], name="τ (updates late)"))
-    out[f"{a}'s accuracy lost minus {b}'s, mean ± std"] = _column(difference["mean"], difference["std"], most=3)
-    out["standard error"] = [f"{se:.3f}" for se in difference["se"]]
-    out["seeds"] = difference["seeds"].to_numpy()
+def _interval(lows: Any, highs: Any) -> list[str]:
+    return [f"{low:+.3f} to {high:+.3f}" if np.isfinite(low) and np.isfinite(high) else "—"
+            for low, high in zip(lows, highs)]
+
+
+def difference_display(differences: pd.DataFrame, what: str = "test accuracy lost: a − b") -> pd.DataFrame:
+    """``paired_differences`` (or ``tuned_differences``) as the report shows it: rows (pair, τ), the paired
+    difference as mean ± std, its standard error and its ``CONFIDENCE`` interval."""
+    pair = [f"{a} − {b}" for a, b in zip(differences["a"], differences["b"])]
+    out = pd.DataFrame(index=pd.MultiIndex.from_arrays([pair, differences["tau"]], names=[what, "τ (updates late)"]))
+    out["mean ± std over seeds"] = _column(differences["mean"], differences["std"], most=3)
+    out["standard error"] = [f"{se:.3f}" for se in differences["se"]]
+    out[f"{CONFIDENCE:.0%} interval"] = _interval(differences["ci_low"], differences["ci_high"])
+    out["seeds"] = differences["seeds"].to_numpy()
     return out
 
 
 def tuned_display(tuned: pd.DataFrame) -> pd.DataFrame:
-    """``best_per_tau`` as the report shows it: rows τ, each optimizer's best final accuracy (mean ± std) and rate."""
+    """``best_per_tau`` as the report shows it: rows τ, each optimizer's final test accuracy (mean ± std) at the
+    rate validation chose for that τ, and the rate."""
     out = pd.DataFrame(index=pd.Index(tuned.index, name="τ (updates late)"))
-    for name in [c for c in tuned.columns if not c.endswith(("_std", "_lr"))]:
-        out[f"{name}: final accuracy, mean ± std"] = _column(tuned[name], tuned[f"{name}_std"], most=3)
+    for name in [c for c in tuned.columns if not c.endswith(("_std", "_lr", "_val"))]:
+        out[f"{name}: test accuracy, mean ± std"] = _column(tuned[name], tuned[f"{name}_std"], most=3)
         out[f"{name}: learning rate"] = [f"{lr:g}" for lr in tuned[f"{name}_lr"]]
     return out

@@ -6,7 +6,6 @@ are printed on the bars, since zero is the number that matters and a log axis ca
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
@@ -108,10 +107,10 @@ def _noise_note(rows: pd.DataFrame, column: str) -> str:
     noise = g.std().groupby(level="sparsity").max()
     if noise.isna().all():
         return "one seed: no spread to compare with"
-    bound = math.ceil(spread.max() * 1000) / 1000  # a bound rounds outward
+    largest = f"{spread.max():.4f}"  # the largest gap itself (a bound rounded up from 0.0080 printed 0.009)
     if (spread < noise).all():
-        return f"method means differ by ≤ {bound:.3f}, under 1 std: noise"
-    return f"method means differ by ≤ {bound:.3f}; largest std {noise.max():.3f}"
+        return f"method means differ by at most {largest}, under 1 std: noise"
+    return f"method means differ by at most {largest}; largest std {noise.max():.4f}"
 
 
 def unfreezing(curves: pd.DataFrame, every: int, layers: Sequence[str]) -> plt.Figure:

@@ -58,16 +58,17 @@ def _ms(value: Any, digits: int = 1) -> str:
     return "n/a" if value is None or value != value else f"{float(value):.{digits}f} ms"
 
 
-def _ms_pm(mean: Any, std: Any) -> str:
-    """A step time as 'mean ± std ms' (std over seeds; the mean alone where there is none), or "n/a".
+def _ms_pm(mean: Any, std: Any, decimals: Any = None) -> str:
+    """A step time as 'mean ± std ms' (std over seeds; the mean alone where there is none), or "n/a"; ``decimals``
+    (an int) prints every time of one source at its table's precision.
 
-    >>> _ms_pm(0.9781, 0.0041), _ms_pm(28.1, None), _ms_pm(None, 1.0)
-    ('0.9781 ± 0.0041 ms', '28.1 ms', 'n/a')
+    >>> _ms_pm(0.9781, 0.0041), _ms_pm(28.1, None), _ms_pm(None, 1.0), _ms_pm(16.8, 1.6, 2)
+    ('0.9781 ± 0.0041 ms', '28.1 ms', 'n/a', '16.80 ± 1.60 ms')
     """
     mean, std = _number(mean), _number(std)
     if mean is None or std is None:
         return _ms(mean)
-    return f"{pm(mean, std)} ms"
+    return f"{pm(mean, std, decimals=decimals if isinstance(decimals, int) else None)} ms"
 
 
 def _times(named: Mapping[str, tuple[Any, Any]], unit: str = "step") -> str:
@@ -151,6 +152,7 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
     r1, r2, r3, r4, r5 = (metrics.get(k, {}) for k in ("new_columns", "pruning", "unfreezing", "sparse", "subnetwork"))
     # Studies 01-04 have renamed keys over time: each number is looked up under its current and its older names.
     ft = _get(s02, "finetune") or {}
+    ft_decimals = _get(s02, "decimals", "finetune", "step_time_ms")  # 02's step times as 02's table prints them
     drift01 = _get(s01, "drift") or _get(s01, "drift_final_mean") or {}
     naive01 = {k.split("/")[0]: _number(v if not isinstance(v, Mapping) else _first(v, "changed_entries_sum_mean"))
                for k, v in drift01.items() if k.endswith("/naive")}
@@ -165,12 +167,13 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
         if changed is None:
             return missing
         std = _first(r, "step_time_ms_std")
-        return f"02 ({method}): {changed:,.0f} frozen conv entries changed, {_ms_pm(step, std)}/CNN step (Adam)"
+        return (f"02 ({method}): {changed:,.0f} frozen conv entries changed, {_ms_pm(step, std, ft_decimals)}/CNN "
+                "step (Adam)")
 
     def ft_time(method: str) -> str:
         r = ft.get(f"adam/{method}")
         step, std = _first(r, "step_time_ms_mean", "ms_per_step"), _first(r, "step_time_ms_std")
-        return missing if step is None else f"02: {_ms_pm(step, std)}/CNN step ({method}, Adam)"
+        return missing if step is None else f"02: {_ms_pm(step, std, ft_decimals)}/CNN step ({method}, Adam)"
 
     hold02 = _first(_get(s02, "masks", "adam/hold/p=0.5"), "frozen_changed_total_mean", "changed_total")
     gan03 = _first(_get(s03, "runs", "zeroed_gradients/adam"), "g_changed_entries_in_d_step", "g_changed_in_d_step")

@@ -257,9 +257,11 @@ def machine() -> dict[str, Any]:
 
 
 def machine_line(info: dict[str, Any] | None) -> str:
-    """One short line for SUMMARY.md: ``"Intel Xeon ..., 2 cores, oneDNN on (TF_ENABLE_ONEDNN_OPTS unset)"``."""
+    """One short line for SUMMARY.md: ``"Intel Xeon ..., 2 cores, oneDNN on (TF_ENABLE_ONEDNN_OPTS not set)"``
+    (the recorded value ``unset`` is written "not set", as the reports write every setting not given)."""
     if not info:
         return "machine not recorded"
     onednn = {True: "on", False: "off", None: "unknown"}[info.get("onednn_in_build")]
+    opts = info.get("TF_ENABLE_ONEDNN_OPTS", "unset")
     return (f"{info.get('cpu', '?')}, {info.get('cores', '?')} cores, oneDNN build {onednn} "
-            f"(TF_ENABLE_ONEDNN_OPTS {info.get('TF_ENABLE_ONEDNN_OPTS', 'unset')})")
+            f"(TF_ENABLE_ONEDNN_OPTS {'not set' if opts == 'unset' else opts})")

@@ -187,7 +187,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.generic):
         value = value.item()  # a numpy NaN is a NaN too
     if isinstance(value, float) and not np.isfinite(value):
-        return str(value)
+        return None  # JSON has no NaN or infinity
     return value
 
 
@@ -196,9 +196,11 @@ def save_metrics(metrics: dict[str, Any], out_dir: str | Path, kinds: Mapping[st
 
     ``kinds`` declares what each value is (``study.report.kinds``: ``{"**/step_ms": "timing", "config": "constant"}``);
     it is stored under ``"kinds"`` and says how a rerun is compared with this run. A bad declaration raises before
-    anything is written. JSON has no NaN or infinity: a number that is not finite is stored as the string ``"nan"``,
-    ``"inf"`` or ``"-inf"`` (``prose`` and ``reproduction`` read them back as numbers), and ``null`` means "no value"
-    (not measured, not applicable); the file is strict JSON that any parser reads.
+    anything is written. JSON has no NaN or infinity: ``null`` stands for every value that is not a finite number
+    (not measured, not applicable, NaN, or infinite such as the slowdown of a run that never reached its target;
+    the CSV tables beside it keep ``inf`` and ``nan``), and every number is a JSON number, never text. Files written
+    before this stored non-finite numbers as the strings ``"nan"``/``"inf"``; ``reproduction`` compares either form
+    with ``null`` as the same value. The file is strict JSON that any parser reads.
     """
     from study.report.kinds import KEY, check
 
@@ -317,9 +319,9 @@ def for_display(table: pd.DataFrame, missing: str = "—") -> pd.DataFrame:
 
 def _parameter_text(value: Any) -> str:
     """A parameter's value as a reader reads it: lists comma-separated, mappings as 'key: values; ...', None as
-    '(not set)'. ``_parameter_text({"sgd": [0.05, 0.2]}) == "sgd: 0.05, 0.2"``"""
+    'not set'. ``_parameter_text({"sgd": [0.05, 0.2]}) == "sgd: 0.05, 0.2"``"""
     if value is None:
-        return "(not set)"
+        return "not set"
     if isinstance(value, Mapping):
         return "; ".join(f"{k}: {_parameter_text(v)}" for k, v in value.items())
     if isinstance(value, (list, tuple)):
@@ -333,7 +335,7 @@ def parameters_table(parameters: Mapping[str, Any]) -> pd.DataFrame:
     """A study's resolved parameters as a two-column table for the report (names as in its YAML and papermill).
 
     >>> parameters_table({"seeds": (0, 1), "lrs": {"sgd": [0.05, 0.2]}, "data_path": None})["value"].tolist()
-    ['0, 1', 'sgd: 0.05, 0.2', '(not set)']
+    ['0, 1', 'sgd: 0.05, 0.2', 'not set']
     """
     return pd.DataFrame({"value": [_parameter_text(v) for v in parameters.values()]},
                         index=pd.Index(list(parameters), name="parameter"))

@@ -68,8 +68,12 @@ def _float(x: Any) -> float | None:
 
 
 def _identical(a: Any, b: Any) -> bool:
+    """Equal values: numbers by value (a count written 8.0 equals 8), NaN equals NaN, and ``null`` equals a number
+    that is not finite (``metrics.json`` stores those as ``null``; files written before stored the text "nan"/"inf")."""
     fa, fb = _float(a), _float(b)
-    if fa is not None and fb is not None and math.isnan(fa) and math.isnan(fb):
+    if fa is not None and fb is not None:
+        return (math.isnan(fa) and math.isnan(fb)) or fa == fb
+    if (a is None and fb is not None and not math.isfinite(fb)) or (b is None and fa is not None and not math.isfinite(fa)):
         return True
     return type(a) is type(b) and a == b
 
@@ -312,18 +316,24 @@ def differences(baseline: Mapping[str, Any] | None, machine: Mapping[str, Any] |
     return found
 
 
-def baseline_line(baseline: Mapping[str, Any] | None) -> str:
-    """The committed run in a few words: its commit, when, and on which machine.
+def baseline_line(baseline: Mapping[str, Any] | None, machine: Mapping[str, Any] | None = None) -> str:
+    """The committed run in a few words: its commit, when, and on which machine ("the same machine" when it is
+    ``machine``, the rerun's, which its own column already names).
 
-    >>> baseline_line({"commit": "0123456789abcdef", "finished_at": "2026-01-01T00:00:00+00:00",
-    ...                "machine": {"cpu": "A", "cores": 2, "onednn_in_build": False}})
-    'made at 0123456789, 2026-01-01T00:00:00+00:00, on A, 2 cores, oneDNN build off (TF_ENABLE_ONEDNN_OPTS unset)'
+    >>> base = {"commit": "0123456789abcdef", "finished_at": "2026-01-01T00:00:00+00:00",
+    ...         "machine": {"cpu": "A", "cores": 2, "onednn_in_build": False}}
+    >>> baseline_line(base)
+    'made at 0123456789, 2026-01-01T00:00:00+00:00, on A, 2 cores, oneDNN build off (TF_ENABLE_ONEDNN_OPTS not set)'
+    >>> baseline_line(base, {"cpu": "A", "cores": 2, "onednn_in_build": False})
+    'made at 0123456789, 2026-01-01T00:00:00+00:00, on the same machine'
     """
     if not baseline:
         return "whose commit, date and machine were not recorded"
     local = " + local changes" if baseline.get("dirty") else ""
-    return (f"made at {str(baseline.get('commit', '?'))[:10]}{local}, {baseline.get('finished_at', '?')}, on "
-            f"{machine_line(baseline.get('machine'))}")
+    where = machine_line(baseline.get("machine"))
+    if machine is not None and where == machine_line(machine):
+        where = "the same machine"
+    return f"made at {str(baseline.get('commit', '?'))[:10]}{local}, {baseline.get('finished_at', '?')}, on {where}"
 
 
 def assertion_cells(executed: Path) -> int:
@@ -495,7 +505,9 @@ def write_report(out: Path) -> Path | None:
         v = rep.get("timing_verdicts") or {}
         if v.get("changed"):
             timing += f"; {v['changed']} of {v['values']} values drawn from timings changed (named below)"
-        compared = f"the run {baseline_line(base or None)} (read from `{rep['compared_with']}`)"
+        source = str(rep["compared_with"])  # "HEAD <commit>:<path>": the commit is this row's own, named beside it
+        source = f"`{source.split(':', 1)[1]}` as committed" if source.startswith("HEAD ") and ":" in source else f"`{source}`"
+        compared = f"the run {baseline_line(base or None, entry.get('machine'))} (read from {source})"
         lines.append(f"| {name} | {when} | {host} | {compared} | {verdict(rep)} | {rep['values']} | "
                      f"{rep['identical']} | {rep['within']} | {rep['differ']} | {passed} | {timing} | {load} |")
         extra = [f"{rep['only_committed']} value(s) only in the committed run"] if rep.get("only_committed") else []
