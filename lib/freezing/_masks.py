@@ -159,6 +159,12 @@ def check_mask(keep: Any, variable: Any, where: str) -> np.ndarray:
     return array.astype(bool)
 
 
+def check_shape(keep: np.ndarray, variable: Any, where: str) -> None:
+    """The shape half of ``check_mask``, for a mask whose values were checked before its variable was known
+    (a path given before ``build``): the same error ``check_mask`` gives."""
+    _check_shape(keep.shape, keep.ndim, variable, f"the mask ({where})")
+
+
 def as_keep(mask: Any, variable: Any, what: str) -> tf.Tensor:
     """Validate one per-step mask and return it as a boolean tensor (True = train this step).
 
