@@ -83,6 +83,7 @@ def check_call(method: str, target: Any, mask: Any = None, with_mask: bool = Fal
 
 
 def find_path(path: str, variables: Sequence[Any], where: str) -> Any:
+    # ``where``: the method name ("get_mask": errors read "MaskedOptimizer.get_mask: ..."), or "diagnose"
     """The one variable of ``variables`` that ``path`` names: its path, a unique end of it, or (three or more parts)
     the same without the first part (an automatic model name). ``ValueError`` when none or several match.
 
@@ -94,6 +95,7 @@ def find_path(path: str, variables: Sequence[Any], where: str) -> Any:
     ...
     ValueError: MaskedOptimizer.get_mask: no variable with path 'kernal' among the 2 variables; close matches: ['kernel']
     """
+    who = where if where == "diagnose" else f"MaskedOptimizer.{where}"
     by_path = {variable_path(v): v for v in variables}
     if path in by_path:
         return by_path[path]
@@ -104,13 +106,13 @@ def find_path(path: str, variables: Sequence[Any], where: str) -> Any:
         if len(found) == 1:
             return found[0]
         if len(found) > 1:
-            raise ValueError(f"MaskedOptimizer.{where}: the path {path!r} matches {len(found)} variables: "
+            raise ValueError(f"{who}: the path {path!r} matches {len(found)} variables: "
                              f"{[variable_path(v) for v in found]}; give more of the path, or the variable itself")
     close = difflib.get_close_matches(path, list(by_path), n=3, cutoff=0.5)
     ends = difflib.get_close_matches(parts[-2] + "/" + parts[-1] if len(parts) > 1 else path,
                                      ["/".join(p.split("/")[-2:]) for p in by_path], n=3, cutoff=0.5)
     hint = f"; close matches: {close or ends}" if close or ends else f"; paths: {sorted(by_path)[:8]}"
-    raise ValueError(f"MaskedOptimizer.{where}: no variable with path {path!r} among the {len(by_path)} variables"
+    raise ValueError(f"{who}: no variable with path {path!r} among the {len(by_path)} variables"
                      + hint)
 
 
