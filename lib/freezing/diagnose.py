@@ -78,6 +78,7 @@ class Diagnosis:
 
     Args:
         rows: the ``Cause`` rows.
+        empty: what ``str`` says when there are none.
 
     Returns:
         ``len``, iteration and indexing over the rows; ``str`` is a plain-text table and
@@ -91,8 +92,9 @@ class Diagnosis:
         no cause can move the frozen entries
     """
 
-    def __init__(self, rows: list[Cause]):
+    def __init__(self, rows: list[Cause], empty: str = "no cause can move the frozen entries"):
         self._rows = list(rows)
+        self._empty = empty
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -125,7 +127,7 @@ class Diagnosis:
 
     def __str__(self) -> str:
         if not self._rows:
-            return "no cause can move the frozen entries"
+            return self._empty
         table = self._table()
         widths = [max(len(row[i]) for row in table) for i in range(3)]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3] for row in table]
