@@ -86,8 +86,10 @@ def half_spacing(values: np.ndarray, dtype: str) -> np.ndarray:
     bits = _MANTISSA.get(str(dtype))
     if bits is None:
         return np.zeros(np.shape(values))
-    _, exponent = np.frexp(np.abs(np.asarray(values, np.float64)))  # |x| = m * 2**e, m in [0.5, 1)
-    exponent = np.maximum(exponent, _MIN_EXPONENT[str(dtype)] + 1)  # subnormals (and zero): a fixed spacing
+    magnitude = np.abs(np.asarray(values, np.float64))
+    _, exponent = np.frexp(magnitude)  # |x| = m * 2**e, m in [0.5, 1)
+    lowest = _MIN_EXPONENT[str(dtype)] + 1
+    exponent = np.where(magnitude == 0, lowest, np.maximum(exponent, lowest))  # subnormals, zero: a fixed spacing
     return np.ldexp(1.0, exponent - 1 - bits) / 2
 
 
