@@ -188,3 +188,25 @@ def test_mask_schedule_takes_paths_and_layers_like_set_mask():
     assert all((a == b).all() for a, b in zip(before, values(fc))) and (out.kernel.numpy() == head).all()
     model.fit(X, Y, epochs=2, initial_epoch=1, verbose=0, callbacks=[MaskSchedule({1: {"out/kernel": None, fc: None}})])
     assert (fc.kernel.numpy() != before[0]).any() and (out.kernel.numpy() != head).any()
+
+
+def test_freeze_audit_takes_a_layer_and_reads_the_stored_masks_as_set_mask_means_them():
+    import tensorflow as tf
+
+    from freezing import FreezeAudit
+
+    model = make()
+    fc = model.get_layer("fc")
+    opt = MaskedOptimizer(keras.optimizers.Adam(0.1))
+    opt.build(model.trainable_variables)
+    opt.set_mask(fc, [True, False, True, False])  # columns 1 and 3 frozen
+    audit = FreezeAudit([fc], optimizer=opt)
+    for _ in range(2):
+        with audit.step():
+            opt.apply_gradients([(tf.ones_like(w), w) for w in fc.trainable_weights])
+    assert {(r.tensor.split("/", 1)[1], r.frozen, r.changed) for r in audit.records if ":" not in r.tensor} == {
+        ("fc/kernel", 6, 0), ("fc/bias", 2, 0)}
+    with pytest.raises(ValueError, match=r"FreezeAudit.step: with no frozen masks, the audit reads a MaskedOptimizer's "
+                                         r"stored masks, and its optimizer is Adam"):
+        with FreezeAudit([fc], optimizer=keras.optimizers.Adam()).step():
+            pass
