@@ -93,7 +93,7 @@ def half_spacing(values: np.ndarray, dtype: str) -> np.ndarray:
     return np.ldexp(1.0, exponent - 1 - bits) / 2
 
 
-def _learning_rate(optimizer: Any) -> float | None:
+def _rate_of(optimizer: Any) -> float | None:
     try:
         return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
     except (AttributeError, TypeError, ValueError):
@@ -184,7 +184,7 @@ def find_stalls(model: Any, before: dict[int, np.ndarray], optimizer: Any = None
                 take("mask", ~np.asarray(keep, bool))
         opt = _keras_api.multi_optimizer_for(leaf, v) if leaf is not None and multi is not None and isinstance(
             leaf, multi) else leaf
-        rate = None if opt is None else _learning_rate(opt)
+        rate = None if opt is None else _rate_of(opt)
         if rate is not None and left.any():
             magnitude = np.abs(now.astype(np.float64))
             take("learning_rate", rate == 0 or rate < half_spacing(magnitude, "float32"))
