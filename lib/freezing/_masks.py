@@ -16,7 +16,7 @@ reductions over the mask (``reduce_all``/``reduce_any``).
 
 **The way of a mask**, top-down, checked once:
 
-1. ``MaskedOptimizer.set_mask(target, mask)`` -- ``freezing._mask_targets`` turns the target into variables (a
+1. ``MaskedOptimizer.set_mask(target, mask)`` -- ``freezing._mask_api`` turns the target into variables (a
    layer into its weights, a path into the one variable it names) and refuses a wrong kind;
 2. ``check_mask`` (here) checks every variable's mask -- values, dtype, and the shape whenever the variable is known
    -- before anything changes; this is the only check. A mask set on a path before ``build`` is checked for its

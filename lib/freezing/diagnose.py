@@ -10,7 +10,6 @@ optimizer and its slots (no step is run, no variable is written) and returns one
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from freezing import _foreign, _keras_api, _mask_targets, masked_optimizer
+from freezing import _foreign, _keras_api, _mask_api, masked_optimizer
 from freezing._wrappers import wrapper_chain
 from freezing.selection import variable_path
 from freezing.slots import slot_initial_value, slots
@@ -176,7 +175,7 @@ def _targets(model: Any, frozen: Any, masks: Any = None) -> list[tuple[Any, np.n
     out: dict[int, tuple[Any, np.ndarray]] = {}
     for target, mask in _items(frozen, masks):
         if isinstance(target, str):
-            variables = [_mask_targets.find_path(target, model.variables, "diagnose")]
+            variables = [_mask_api.find_path(target, model.variables, "diagnose")]
         elif isinstance(target, keras.layers.Layer):
             variables = list(target.weights)
         elif hasattr(target, "shape") and hasattr(target, "assign"):

@@ -60,7 +60,6 @@ Edge cases, decided:
 
 from __future__ import annotations
 
-import difflib
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -69,7 +68,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from freezing import _distribute, _foreign, _keras_api, _mask_targets, _masks
+from freezing import _distribute, _foreign, _keras_api, _masks
+from freezing._mask_api import MaskAccess
 from freezing._sparse_state import SparseState
 from freezing._saving import SavedState
 from freezing._sizes import StateSizes
@@ -78,7 +78,6 @@ from freezing._wrappers import wrapper_chain
 from freezing._restore import guarded
 from freezing._write_path import ELEMENTWISE, Guards, WritePath, entries_for, install, reset_frozen_slots
 from freezing.selection import variable_path
-from freezing.slots import slot_initial_value, slots
 from freezing.tuning import WriteTuning
 
 POLICIES = ("hold", "reset", "none")
@@ -114,7 +113,7 @@ def _leaves(optimizer: keras.optimizers.Optimizer) -> list[keras.optimizers.Opti
 
 
 @keras.saving.register_keras_serializable(package="freezing")
-class MaskedOptimizer(InnerSurface, SavedState, StateSizes, keras.optimizers.Optimizer):
+class MaskedOptimizer(MaskAccess, InnerSurface, SavedState, StateSizes, keras.optimizers.Optimizer):
     """A Keras optimizer that freezes chosen entries of chosen variables exactly, under any inner optimizer.
 
     Args:
@@ -327,199 +326,6 @@ class MaskedOptimizer(InnerSurface, SavedState, StateSizes, keras.optimizers.Opt
                 v = by_path[path]
                 if not self._sparse.check_set(v, keep):
                     self._masks.keep[self._mask_index[_keras_api.key(v)]].assign(_masks.to_store(keep, tuple(v.shape)))
-
-    def _check_pending(self, var_list: list[Any]) -> dict[str, np.ndarray]:
-        """The pending masks by the path of the variable each names, before anything is built.
-
-        Their values were checked by ``set_mask``, and so was the shape of one set on a variable or a layer; a mask
-        set on a path meets its variable here, so its shape is checked here (the one check it had not had).
-        """
-        by_key = {_keras_api.key(v): v for v in var_list}
-        checked = {}
-        for path, (keep, variable) in self._pending.items():
-            try:
-                if variable is None:
-                    variable = _mask_targets.find_path(path, var_list, "build")
-                    _masks.check_shape(keep, variable, "set_mask")
-                elif _keras_api.key(variable) not in by_key:
-                    raise ValueError(f"MaskedOptimizer.build: a mask was set for {path!r}, which is not among the "
-                                     f"{len(var_list)} variables being built")
-            except ValueError as e:
-                raise ValueError(f"{e}; clear it with opt.clear_mask({path!r}) or set it on the right variable") from None
-            checked[variable_path(variable)] = keep
-        return checked
-
-    # -- masks as state: the way in (set_mask, get_mask, clear_mask) ---------------------------------
-    def _targets(self, target: Any, where: str) -> list[Any]:
-        """The variables a target stands for (``freezing._mask_targets``); before ``build`` a path stays a string."""
-        if isinstance(target, keras.layers.Layer):
-            return _mask_targets.layer_variables(
-                target, _keras_api.trainable_variables(self) if self.built else None, where)
-        if not self.built:
-            return [target]
-        return [self._resolve(target, where)]
-
-    def _resolve(self, target: Any, where: str = "apply") -> Any:
-        """A variable or a path string -> the built variable; ``ValueError`` for one the optimizer was not built with."""
-        if isinstance(target, str):
-            return _mask_targets.find_path(target, _keras_api.trainable_variables(self), where)
-        if _keras_api.key(target) not in self._mask_index:
-            raise ValueError(
-                f"MaskedOptimizer: variable {variable_path(target)!r} is not one this optimizer was built "
-                f"with ({len(_keras_api.trainable_variables(self))} variables); build it with every variable it will "
-                "update, e.g. opt.build(model.trainable_variables)"
-            )
-        return target
-
-    def _pending_path(self, target: Any, where: str) -> str | None:
-        """Before ``build``: the pending mask's key for ``target`` (a path given as a unique end of one included),
-        None for a variable without one; ``ValueError`` for a path no mask was set on (as after ``build``)."""
-        if not isinstance(target, str):
-            return variable_path(target) if variable_path(target) in self._pending else None
-        if target in self._pending:
-            return target
-        ends = [p for p in self._pending if p.endswith("/" + target.strip("/"))]
-        if len(ends) == 1:
-            return ends[0]
-        raise ValueError(
-            f"MaskedOptimizer.{where}: no variable with path {target!r}: this optimizer is not built yet, so a path "
-            f"names only a mask set on it before; masks set so far: {sorted(self._pending)}"
-        )
-
-    def set_mask(self, target: Any, trainable: Any) -> None:
-        """Store a mask: entries where ``trainable`` is 1/True train, the others stay frozen; None clears it.
-
-        The mask is checked once, here, before anything changes (values and dtype always; the shape whenever the
-        variable is known: a variable, a layer, or a path after ``build``): a refused mask leaves every mask and all
-        state as it was. A layer stands for its weights the optimizer updates (``freezing._mask_targets``), each
-        stored as a mask of its own; ``set_mask(layer, False)`` freezes the layer whole. With ``policy="reset"`` the
-        newly frozen entries' slots go back to their initial values now. With ``state="sparse"``, a mask set before
-        ``build`` fixes the variable's trainable entries; after ``build`` only the same mask is accepted.
-
-        A mask set before ``build`` waits in this optimizer until ``build``. If the model is compiled with another
-        optimizer, nothing would apply it: that optimizer's first step then raises (``freezing._foreign``).
-
-        Args:
-            target: a variable, a ``keras.layers.Layer`` (its weights the optimizer updates), or a path string
-                (``variable.path``, or a unique end of it such as ``"out/kernel"``).
-            trainable: None (clears the mask), a bool, or numbers each 0 or 1; broadcastable to the variable
-                (a scalar, a row, a full array).
-
-        Raises:
-            TypeError: a target that is not a variable, a layer or a string, a mask that is not array-like, or
-                the two swapped (named as swapped).
-            ValueError: an unknown or ambiguous path (matches listed), a variable the optimizer was not built
-                for, a mask with a value other than 0/1 (NaN included) or that does not broadcast to the variable,
-                or a changed sparse selection.
-
-        >>> import keras
-        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="fc"), keras.layers.Dense(1, name="out")])
-        >>> opt = MaskedOptimizer("sgd"); opt.build(model.trainable_variables)
-        >>> opt.set_mask(model.get_layer("fc"), False)            # a layer: frozen whole
-        >>> opt.set_mask("out/kernel", [[True], [False]]); opt.get_mask("out/kernel").tolist()
-        [[True], [False]]
-        >>> opt.set_mask("out/kernel", None); opt.get_mask("out/kernel") is None
-        True
-        """
-        _mask_targets.check_call("set_mask", target, trainable, with_mask=True)
-        if trainable is None:
-            return self.clear_mask(target)
-        variables = self._targets(target, "set_mask")
-        checked = [(v, _masks.check_mask(trainable, v, "set_mask")) for v in variables]  # all, before any change
-        if not self.built:
-            for v, keep in checked:
-                self._pending[v if isinstance(v, str) else variable_path(v)] = (keep, None if isinstance(v, str) else v)
-            _foreign.watch(self, [v for v, _ in checked if not isinstance(v, str)])
-            return
-        dense = [(v, keep) for v, keep in checked if not self._sparse.check_set(v, keep)]  # refuses before storing
-        for v, keep in dense:
-            stored = _masks.to_store(keep, tuple(v.shape))
-            self._masks.keep[self._mask_index[_keras_api.key(v)]].assign(stored)
-            if self.policy == "reset" and not (stored.ndim == 0 and bool(stored)):
-                self._reset_slots(v, stored)
-
-    def _reset_slots(self, variable: Any, keep: np.ndarray) -> None:
-        entries = entries_for(self._leaves(), [variable], {_keras_api.key(variable): lambda: tf.constant(keep)},
-                              {_keras_api.key(variable): lambda: _masks.ELEMENTS})
-        reset_frozen_slots(entries, self._initial)
-
-    def _initial(self, slot: Any) -> float:
-        """The value ``policy="reset"`` puts back into a slot's frozen entries (``slot_initial_value``)."""
-        for leaf in self._leaves():
-            for v in _keras_api.trainable_variables(leaf):
-                for name, candidate in slots(leaf, v).items():
-                    if candidate is slot:
-                        return slot_initial_value(leaf, name)
-        return 0.0
-
-    def get_mask(self, target: Any) -> np.ndarray | dict[str, np.ndarray | None] | None:
-        """Return the stored mask broadcast to the variable (True = trains), or None when there is none.
-
-        The same before and after ``build``: a path names a variable (after ``build``) or a mask set on it (before);
-        a path that names neither raises ``ValueError`` both times.
-
-        Args:
-            target: a variable, a path string, or a layer.
-
-        Returns:
-            A new boolean array shaped like the variable (before ``build``, a mask set on a path keeps the shape
-            it was given), or None; for a layer, ``{variable.path: that}`` for each of its weights.
-
-        >>> v = keras.Variable([[1.0, 2.0]], name="w")
-        >>> opt = MaskedOptimizer("adam"); opt.build([v])
-        >>> opt.get_mask(v) is None
-        True
-        >>> opt.set_mask("w", [False, True]); opt.get_mask("w").tolist()
-        [[False, True]]
-        """
-        _mask_targets.check_call("get_mask", target)
-        if isinstance(target, keras.layers.Layer):
-            return {variable_path(v): self._get_one(v) for v in self._targets(target, "get_mask")}
-        return self._get_one(target)
-
-    def _get_one(self, target: Any) -> np.ndarray | None:
-        if not self.built:
-            path = self._pending_path(target, "get_mask")
-            if path is None:
-                return None
-            keep, variable = self._pending[path]
-            variable = variable if variable is not None else (None if isinstance(target, str) else target)
-            if keep.all():
-                return None
-            return np.array(keep if variable is None else np.broadcast_to(keep, tuple(variable.shape)))
-        variable = self._resolve(target, "get_mask")
-        sparse = self._sparse.mask(variable)
-        if sparse is not None:
-            return sparse
-        keep = self._masks.keep[self._mask_index[_keras_api.key(variable)]].numpy()
-        if keep.ndim == 0 and bool(keep):
-            return None
-        return np.array(np.broadcast_to(keep, tuple(variable.shape)))
-
-    def clear_mask(self, target: Any) -> None:
-        """Remove the stored mask: every entry of the variable trains again (``set_mask(target, None)``).
-
-        Args:
-            target: a variable, a path string, or a layer (each of its weights).
-
-        Raises:
-            ValueError: a path that names no variable (before ``build``: no mask set on it), or, with
-                ``state="sparse"``, a variable whose selection is fixed.
-
-        >>> v = keras.Variable([1.0, 2.0], name="w")
-        >>> opt = MaskedOptimizer("adam"); opt.build([v]); opt.set_mask(v, [0, 1])
-        >>> opt.clear_mask(v); opt.get_mask(v) is None
-        True
-        """
-        _mask_targets.check_call("clear_mask", target)
-        variables = self._targets(target, "clear_mask")
-        if not self.built:
-            paths = [self._pending_path(v, "clear_mask") for v in variables]  # raises before any change
-            for path in paths:
-                if path is not None:
-                    _foreign.unwatch(self, [self._pending.pop(path)[1]])
-            return
-        self.set_mask(variables[0], True) if len(variables) == 1 else [self.set_mask(v, True) for v in variables]
 
     # -- applying a step --------------------------------------------------------------------------
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]], trainable_masks: Sequence[Any] | None = None,
