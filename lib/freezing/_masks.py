@@ -16,15 +16,15 @@ reductions over the mask (``reduce_all``/``reduce_any``).
 
 **The way of a mask**, top-down, checked once:
 
-1. ``MaskedOptimizer.set_mask(target, mask)`` -- ``freezing._mask_api`` turns the target into variables (a
-   layer into its weights, a path into the one variable it names) and refuses a wrong kind;
-2. ``check_mask`` (here) checks every variable's mask -- values, dtype, and the shape whenever the variable is known
-   -- before anything changes; this is the only check. A mask set on a path before ``build`` is checked for its
-   shape at ``build`` (``check_shape``, the same error), when its variable is first known;
+1. ``MaskedOptimizer.set_mask(target, mask)`` (``freezing._mask_api``) turns the target into variables (a layer
+   into its weights, a path into the one variable it names) and refuses a wrong kind;
+2. ``check_mask`` (here) checks every one of those masks -- values, dtype, and the shape whenever the variable is
+   known -- before anything changes. This is the only check: a mask set on a path before ``build`` has its shape
+   checked at ``build`` (``check_shape``, the same error), when its variable is first known, and
+   ``freezing._sparse_state`` takes a fixed selection as it was checked (after ``build`` it compares, never checks);
 3. ``set_mask`` stores it: before ``build`` in the optimizer's pending masks, after ``build`` as ``to_store``'s
-   value in the variable's ``MaskStore.keep`` entry (``freezing._sparse_state`` takes a fixed selection at
-   ``build`` as it was checked, and after ``build`` compares, never checks);
-4. the step reads the stored variable (``stored_mode``, then ``freezing._write_path``'s selects).
+   value in the variable's ``MaskStore.keep`` entry;
+4. the step reads the stored variable: ``stored_mode``, then ``freezing._write_path``'s selects.
 
 A stored mask's shape is dynamic, so a new mask never retraces the step; under XLA, which compiles for
 concrete shapes, each new combination of the stored masks' shapes compiles the step once
