@@ -30,9 +30,7 @@ import tensorflow as tf
 
 from freezing import _foreign, _keras_api, _masks
 from freezing._keras_api import key
-from freezing._write_path import entries_for, reset_frozen_slots
 from freezing.selection import variable_path
-from freezing.slots import slot_initial_value, slots
 
 ALLOWED_TARGETS = "a variable, a keras layer (its weights that the optimizer updates), or a variable path string"
 ALLOWED_MASKS = "None (no mask), a bool, or an array of 0/1 or bools broadcastable to the variable"
@@ -253,24 +251,16 @@ class MaskAccess:
             return
         dense = [(v, keep) for v, keep in checked if not self._sparse.check_set(v, keep)]  # refuses before storing
         for v, keep in dense:
-            stored = _masks.to_store(keep, tuple(v.shape))
-            self._masks.keep[self._mask_index[_keras_api.key(v)]].assign(stored)
+            stored = self._put(v, keep)
             if self.policy == "reset" and not (stored.ndim == 0 and bool(stored)):
-                self._reset_slots(v, stored)
+                self._reset_slots(v, stored)  # MaskedOptimizer's: the newly frozen entries' slots to their start
 
-    def _reset_slots(self, variable: Any, keep: np.ndarray) -> None:
-        entries = entries_for(self._leaves(), [variable], {_keras_api.key(variable): lambda: tf.constant(keep)},
-                              {_keras_api.key(variable): lambda: _masks.ELEMENTS})
-        reset_frozen_slots(entries, self._initial)
-
-    def _initial(self, slot: Any) -> float:
-        """The value ``policy="reset"`` puts back into a slot's frozen entries (``slot_initial_value``)."""
-        for leaf in self._leaves():
-            for v in _keras_api.trainable_variables(leaf):
-                for name, candidate in slots(leaf, v).items():
-                    if candidate is slot:
-                        return slot_initial_value(leaf, name)
-        return 0.0
+    def _put(self, variable: Any, keep: np.ndarray) -> np.ndarray:
+        """Store a checked mask in the variable's mask variable (the one place a mask is stored after ``build``);
+        return the stored value (``_masks.to_store``: a scalar for "every entry" or "none")."""
+        stored = _masks.to_store(keep, tuple(variable.shape))
+        self._masks.keep[self._mask_index[_keras_api.key(variable)]].assign(stored)
+        return stored
 
     def get_mask(self, target: Any) -> np.ndarray | dict[str, np.ndarray | None] | None:
         """Return the stored mask broadcast to the variable (True = trains), or None when there is none.

@@ -78,6 +78,7 @@ from freezing._wrappers import wrapper_chain
 from freezing._restore import guarded
 from freezing._write_path import ELEMENTWISE, Guards, WritePath, entries_for, install, reset_frozen_slots
 from freezing.selection import variable_path
+from freezing.slots import slot_initial_value, slots
 from freezing.tuning import WriteTuning
 
 POLICIES = ("hold", "reset", "none")
@@ -325,7 +326,21 @@ class MaskedOptimizer(MaskAccess, InnerSurface, SavedState, StateSizes, keras.op
             for path, keep in pending.items():  # checked: stored as they are (fresh slots: nothing to reset)
                 v = by_path[path]
                 if not self._sparse.check_set(v, keep):
-                    self._masks.keep[self._mask_index[_keras_api.key(v)]].assign(_masks.to_store(keep, tuple(v.shape)))
+                    self._put(v, keep)
+
+    def _reset_slots(self, variable: Any, keep: np.ndarray) -> None:
+        entries = entries_for(self._leaves(), [variable], {_keras_api.key(variable): lambda: tf.constant(keep)},
+                              {_keras_api.key(variable): lambda: _masks.ELEMENTS})
+        reset_frozen_slots(entries, self._initial)
+
+    def _initial(self, slot: Any) -> float:
+        """The value ``policy="reset"`` puts back into a slot's frozen entries (``slot_initial_value``)."""
+        for leaf in self._leaves():
+            for v in _keras_api.trainable_variables(leaf):
+                for name, candidate in slots(leaf, v).items():
+                    if candidate is slot:
+                        return slot_initial_value(leaf, name)
+        return 0.0
 
     # -- applying a step --------------------------------------------------------------------------
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]], trainable_masks: Sequence[Any] | None = None,
