@@ -54,6 +54,7 @@ from freezing.masked_optimizer import NORMS, POLICIES, STATES, MaskedOptimizer
 from freezing.schedule import MaskSchedule
 from freezing.skipping import SkipFrozen, variables_to_differentiate
 from freezing.selection import select_variables, variable_path
+from freezing.stalls import STALL_CAUSES, StallWatch, find_stalls, trainable_changes
 from freezing.tuning import WriteTuning
 from freezing.slots import SlotStash, reset_slots, restore_slots, slot_initial_value, slots, stash_slots
 from freezing._wrappers import unwrap, wrapper_chain
@@ -74,10 +75,13 @@ __all__ = [
     "POLICIES",
     "STATES",
     "SkipFrozen",
+    "STALL_CAUSES",
     "SlotStash",
+    "StallWatch",
     "WriteTuning",
     "diagnose",
     "enable_determinism",
+    "find_stalls",
     "gate",
     "load_model",
     "reset_slots",
@@ -86,6 +90,7 @@ __all__ = [
     "slot_initial_value",
     "slots",
     "stash_slots",
+    "trainable_changes",
     "unwrap",
     "variable_path",
     "variables_to_differentiate",

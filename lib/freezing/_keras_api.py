@@ -272,6 +272,17 @@ def flatten_layers(model: Any) -> list[Any]:
     return list(getattr(model, FLATTEN_LAYERS)())
 
 
+COMPILED_TRAINABLE_STATE = "_compiled_trainable_state"
+"""A compiled model's ``{layer: trainable}`` at ``compile`` (Keras 3.15 ``Trainer.compile``): what its
+``_warn_if_trainable_state_changed`` compares with, a warning that is never reached (it follows a ``raise``)."""
+
+
+def compiled_trainable_state(model: Any) -> dict[Any, bool] | None:
+    """Each layer's ``trainable`` when the model was compiled, or None (not compiled, or a Keras without it)."""
+    state = getattr(model, COMPILED_TRAINABLE_STATE, None)
+    return state if isinstance(state, dict) else None
+
+
 # -- graph and distribution context -------------------------------------------------------------------
 def in_xla() -> bool:
     """Whether the graph being traced is compiled by XLA (``jit_compile=True``)."""

@@ -14,6 +14,18 @@ as the scalar, so the cheap paths are taken whenever they apply. A mask computed
 (``trainable_masks=`` in ``apply_gradients``, ``mask_fn``) gets its mode in the graph from two
 reductions over the mask (``reduce_all``/``reduce_any``).
 
+**The way of a mask**, top-down, checked once:
+
+1. ``MaskedOptimizer.set_mask(target, mask)`` (``freezing._mask_api``) turns the target into variables (a layer
+   into its weights, a path into the one variable it names) and refuses a wrong kind;
+2. ``check_mask`` (here) checks every one of those masks -- values, dtype, and the shape whenever the variable is
+   known -- before anything changes. This is the only check: a mask set on a path before ``build`` has its shape
+   checked at ``build`` (``check_shape``, the same error), when its variable is first known, and
+   ``freezing._sparse_state`` takes a fixed selection as it was checked (after ``build`` it compares, never checks);
+3. ``set_mask`` stores it: before ``build`` in the optimizer's pending masks, after ``build`` as ``to_store``'s
+   value in the variable's ``MaskStore.keep`` entry;
+4. the step reads the stored variable: ``stored_mode``, then ``freezing._write_path``'s selects.
+
 A stored mask's shape is dynamic, so a new mask never retraces the step; under XLA, which compiles for
 concrete shapes, each new combination of the stored masks' shapes compiles the step once
 (``tests/library/test_masked_optimizer_xla_compiles.py`` counts it).
@@ -157,6 +169,12 @@ def check_mask(keep: Any, variable: Any, where: str) -> np.ndarray:
     if not isinstance(variable, str):
         _check_shape(array.shape, array.ndim, variable, what)
     return array.astype(bool)
+
+
+def check_shape(keep: np.ndarray, variable: Any, where: str) -> None:
+    """The shape half of ``check_mask``, for a mask whose values were checked before its variable was known
+    (a path given before ``build``): the same error ``check_mask`` gives."""
+    _check_shape(keep.shape, keep.ndim, variable, f"the mask ({where})")
 
 
 def as_keep(mask: Any, variable: Any, what: str) -> tf.Tensor:

@@ -47,7 +47,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from freezing import _masks
 from freezing._keras_api import in_xla, index, key, tf_variable, trainable_variables
 from freezing.selection import variable_path
 
@@ -103,8 +102,7 @@ class SparseState:
         for i, v in enumerate(var_list):
             path, k = variable_path(v), key(v)
             keep = pending.get(path)
-            if keep is not None:
-                keep = _masks.check_mask(keep, v, "set_mask")
+            if keep is not None:  # checked by set_mask (and build, for its shape)
                 flat = np.flatnonzero(np.broadcast_to(keep, tuple(v.shape)))
                 size = int(flat.size)
             elif i < len(self._sizes) and self._sizes[i] is not None:

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -89,7 +90,7 @@ class FreezeAudit:
     that builds it, only the variables are.
 
     Args:
-        variables: the variables to watch.
+        variables: the variables to watch; a ``keras.layers.Layer`` stands for its trainable weights.
         optimizer: an optimizer whose slots of these variables are watched too (see ``slots``);
             None to watch only the variables.
 
@@ -121,7 +122,7 @@ class FreezeAudit:
     """
 
     def __init__(self, variables: Sequence[Any], optimizer: Any = None):
-        self.variables = list(variables)
+        self.variables = [w for v in variables for w in (v.trainable_weights if isinstance(v, keras.layers.Layer) else [v])]
         self.optimizer = optimizer
         self.records: list[AuditRecord] = []
         self._steps = 0
@@ -136,15 +137,36 @@ class FreezeAudit:
                         out.append((f"{variable_path(v)}:{name}", i, slot))
         return out
 
+    def _stored_frozen(self) -> list[np.ndarray]:
+        """What the ``MaskedOptimizer``'s stored masks freeze, one array per variable (``step()`` with no masks)."""
+        from freezing.masked_optimizer import MaskedOptimizer  # masked_optimizer imports this module's neighbours
+        from freezing._wrappers import wrapper_chain
+
+        masked = next((o for o in wrapper_chain(self.optimizer) if isinstance(o, MaskedOptimizer)), None) \
+            if self.optimizer is not None else None
+        if masked is None:
+            raise ValueError("FreezeAudit.step: with no frozen masks, the audit reads a MaskedOptimizer's stored "
+                             f"masks, and its optimizer is {type(self.optimizer).__name__}; pass frozen=[...] "
+                             "(True = must not move), or FreezeAudit(variables, optimizer=masked_optimizer)")
+        out = []
+        for v in self.variables:
+            keep = masked.get_mask(v)
+            out.append(np.zeros(tuple(v.shape), bool) if keep is None else ~np.asarray(keep, bool))
+        return out
+
     @contextlib.contextmanager
-    def step(self, frozen: Sequence[Any]) -> Iterator[None]:
+    def step(self, frozen: Sequence[Any] | None = None) -> Iterator[None]:
         """Audit the ``with`` block as one step; ``frozen[i]`` is True where variable i must not move.
+
+        With no ``frozen``, the entries a ``MaskedOptimizer`` (the audit's ``optimizer``) holds frozen when the
+        block starts: its stored masks, read the way ``set_mask`` means them (True = trains).
 
         Values are copied on entry and compared on exit; if the block raises, nothing is recorded.
 
         Args:
             frozen: one boolean mask per variable, each broadcastable to the variable's shape
-                (a scalar True freezes the whole variable, False none of it).
+                (a scalar True freezes the whole variable, False none of it); None (the default) reads
+                them off the ``MaskedOptimizer``'s stored masks.
 
         Returns:
             A context manager; the records are added to ``records`` when the block exits.
@@ -160,7 +182,20 @@ class FreezeAudit:
             ...     _ = w.assign_sub([0.0, 0.5, 0.5])
             >>> audit.records
             [AuditRecord(step=0, tensor='w', frozen=2, changed=1, max_abs_delta=0.5)]
+
+            With a ``MaskedOptimizer``, the frozen entries are its stored masks:
+
+            >>> import keras; from freezing import MaskedOptimizer
+            >>> layer = keras.layers.Dense(2, name="d"); layer.build((None, 3))
+            >>> opt = MaskedOptimizer(keras.optimizers.Adam(0.1)); opt.set_mask(layer, [True, False])
+            >>> audit = FreezeAudit([layer], optimizer=opt)
+            >>> with audit.step():
+            ...     _ = opt.apply_gradients([(tf.ones_like(w), w) for w in layer.trainable_weights])
+            >>> [(r.tensor, r.frozen, r.changed) for r in audit.records]
+            [('d/kernel', 3, 0), ('d/bias', 1, 0)]
         """
+        if frozen is None:
+            frozen = self._stored_frozen()
         if len(frozen) != len(self.variables):
             raise ValueError(f"FreezeAudit.step: got {len(frozen)} frozen masks for {len(self.variables)} variables")
         tensors = self._tensors()

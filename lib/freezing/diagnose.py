@@ -4,12 +4,12 @@ Given a compiled Keras 3 model and the entries believed frozen, ``diagnose`` rea
 optimizer and its slots (no step is run, no variable is written) and returns one row per
 (variable, cause) with the number of frozen entries the cause can move and a one-sentence fix.
 
-``print(freezing.diagnose(model, {"net/fc/kernel": ~keep}))``
+``print(freezing.diagnose(model, masks={"fc/kernel": keep}))`` (``keep``: True = trains, as in ``set_mask``), or
+``print(freezing.diagnose(model, [layer]))`` for targets frozen whole.
 """
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -17,7 +17,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from freezing import _keras_api, masked_optimizer
+from freezing import _foreign, _keras_api, _mask_api, masked_optimizer
 from freezing._wrappers import wrapper_chain
 from freezing.selection import variable_path
 from freezing.slots import slot_initial_value, slots
@@ -77,6 +77,7 @@ class Diagnosis:
 
     Args:
         rows: the ``Cause`` rows.
+        empty: what ``str`` says when there are none.
 
     Returns:
         ``len``, iteration and indexing over the rows; ``str`` is a plain-text table and
@@ -90,8 +91,9 @@ class Diagnosis:
         no cause can move the frozen entries
     """
 
-    def __init__(self, rows: list[Cause]):
+    def __init__(self, rows: list[Cause], empty: str = "no cause can move the frozen entries"):
         self._rows = list(rows)
+        self._empty = empty
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -124,7 +126,7 @@ class Diagnosis:
 
     def __str__(self) -> str:
         if not self._rows:
-            return "no cause can move the frozen entries"
+            return self._empty
         table = self._table()
         widths = [max(len(row[i]) for row in table) for i in range(3)]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3] for row in table]
@@ -140,23 +142,40 @@ class Diagnosis:
         return "\n".join("| " + " | ".join(row) + " |" for row in table[:1] + [["---"] * 4] + table[1:])
 
 
-def _targets(model: Any, frozen: Any) -> list[tuple[Any, np.ndarray]]:
-    """Resolve ``frozen`` to (variable, bool mask shaped like it) pairs, merging repeats."""
-    if isinstance(frozen, Mapping):
-        items = list(frozen.items())
-    elif isinstance(frozen, (list, tuple, set)):
-        items = [t if isinstance(t, tuple) else (t, True) for t in frozen]
-    else:
-        items = [(frozen, True)]
-    by_path = {variable_path(v): v for v in model.variables}
+FROZEN_IS_TARGETS = (
+    "diagnose: frozen= takes the targets believed wholly frozen (a variable, a path, a layer, or a list of them); "
+    "per-entry masks go in masks={target: keep} or masks=[(target, keep)], where True means trains, as in "
+    "MaskedOptimizer.set_mask: what was frozen={target: frozen} is masks={target: ~frozen}"
+)
+
+
+def _items(frozen: Any, masks: Any) -> list[tuple[Any, np.ndarray]]:
+    """(target, True where believed frozen) pairs from ``frozen`` (targets) and ``masks`` (True = trains)."""
+    if frozen is None and masks is None:
+        raise TypeError("diagnose: pass the entries believed frozen: frozen=[targets] (wholly frozen) or "
+                        "masks={target: keep} (True = trains, as in set_mask)")
+    items: list[tuple[Any, np.ndarray]] = []
+    if frozen is not None:
+        many = isinstance(frozen, (list, tuple, set))
+        if isinstance(frozen, Mapping) or (many and any(isinstance(t, tuple) for t in frozen)):
+            raise TypeError(FROZEN_IS_TARGETS)
+        items += [(t, np.asarray(True)) for t in (frozen if many else [frozen])]
+    if masks is not None:
+        pairs = list(masks.items()) if isinstance(masks, Mapping) else list(masks)
+        for pair in pairs:
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                raise TypeError(f"diagnose: masks= is {{target: keep}} or a list of (target, keep) pairs; got an item "
+                                f"{type(pair).__name__} {pair!r:.60}")
+            items.append((pair[0], ~np.asarray(pair[1]).astype(bool)))
+    return items
+
+
+def _targets(model: Any, frozen: Any, masks: Any = None) -> list[tuple[Any, np.ndarray]]:
+    """Resolve the targets to (variable, bool mask shaped like it, True = believed frozen) pairs, merging repeats."""
     out: dict[int, tuple[Any, np.ndarray]] = {}
-    for target, mask in items:
+    for target, mask in _items(frozen, masks):
         if isinstance(target, str):
-            key = target if target in by_path else f"{model.name}/{target}"
-            if key not in by_path:
-                close = difflib.get_close_matches(target, list(by_path), n=5, cutoff=0.5)
-                raise ValueError(f"diagnose: no variable {target!r} in model {model.name!r}; close matches: {close}")
-            variables = [by_path[key]]
+            variables = [_mask_api.find_path(target, model.variables, "diagnose")]
         elif isinstance(target, keras.layers.Layer):
             variables = list(target.weights)
         elif hasattr(target, "shape") and hasattr(target, "assign"):
@@ -201,23 +220,28 @@ def _moved_by_moments(opt: Any, v: Any) -> np.ndarray | bool:
     return moved
 
 
-def diagnose(model: Any, frozen: Any, optimizer: Any = None) -> Diagnosis:
+def diagnose(model: Any, frozen: Any = None, optimizer: Any = None, *, masks: Any = None) -> Diagnosis:
     """Name every cause that can move the entries believed frozen, without training or writing anything.
+
+    The entries believed frozen are given as ``frozen=`` (targets frozen whole) or ``masks=`` (True = trains,
+    False = frozen: the meaning ``MaskedOptimizer.set_mask`` and ``MaskSchedule`` give a mask), or both.
 
     Args:
         model: a compiled Keras 3 model.
-        frozen: ``{target: mask}`` or a list of targets (wholly frozen) or of ``(target, mask)``
-            pairs; a target is a variable, a variable path (``variable.path``, or relative to the
-            model) or a layer (all its weights); a mask is bool-like, broadcastable to the
-            variable, True where believed frozen. Keras variables are unhashable: key by path.
+        frozen: a target or a list of targets believed wholly frozen. A target is a variable, a variable path
+            (``variable.path``, or a unique end of it such as ``"fc/kernel"``) or a layer (all its weights).
         optimizer: the optimizer ``fit`` uses; defaults to ``model.optimizer``.
+        masks: ``{target: keep}`` or a list of ``(target, keep)`` pairs; ``keep`` is bool-like, broadcastable
+            to the variable, True where the entry trains. Keras variables cannot be dict keys (Python raises
+            before ``diagnose`` runs): key by ``variable.path``, or pass ``(variable, keep)`` pairs.
 
     Returns:
         A ``Diagnosis``: one ``Cause`` row per (variable, cause) with at least one entry.
 
     Raises:
-        ValueError: an unknown path (close matches listed), a mask of the wrong shape, or no optimizer.
-        TypeError: a target that is not a variable, a path or a layer.
+        ValueError: an unknown or ambiguous path (matches listed), a mask of the wrong shape, or no optimizer.
+        TypeError: a target that is not a variable, a path or a layer; a dict or pairs given as ``frozen=``
+            (the masks go in ``masks=``, True = trains); neither ``frozen`` nor ``masks``.
 
     Example:
         >>> import keras
@@ -225,6 +249,8 @@ def diagnose(model: Any, frozen: Any, optimizer: Any = None) -> Diagnosis:
         >>> model.compile(optimizer=keras.optimizers.AdamW(1e-3), loss="mse")
         >>> [(row.cause, row.entries) for row in diagnose(model, ["fc/kernel"])]
         [('gradient', 6), ('weight_decay', 6)]
+        >>> [(row.cause, row.entries) for row in diagnose(model, masks={"fc/kernel": [[True, False]] * 3})]
+        [('gradient', 3), ('weight_decay', 3)]
         >>> model.get_layer("fc").trainable = False
         >>> len(diagnose(model, [model.get_layer("fc")]))
         0
@@ -249,7 +275,7 @@ def diagnose(model: Any, frozen: Any, optimizer: Any = None) -> Diagnosis:
         return v is not None and _keras_api.knows(o, v)
 
     rows: list[Cause] = []
-    for v, f in _targets(model, frozen):
+    for v, f in _targets(model, frozen, masks):
         counts: dict[str, Any] = {}
         leaf = _keras_api.multi_optimizer_for(opt, v) if multi is not None and isinstance(opt, multi) else opt
         live = id(v) in trainable or (id(v) not in owned and getattr(v, "trainable", False))
@@ -283,7 +309,7 @@ def diagnose(model: Any, frozen: Any, optimizer: Any = None) -> Diagnosis:
             counts["moments"] = exposed & moved
             if _keras_api.uses_weight_decay(leaf, v):
                 counts["weight_decay"] = exposed & (np.asarray(v.numpy()) != 0)
-            if getattr(v, "constraint", None) is not None:
+            if _foreign.own_constraint(v) is not None:
                 counts["constraint"] = exposed
         if leaf.use_ema and ((leaf.ema_overwrite_frequency and known(leaf, ref)) or (updated and live)):
             counts["ema"] = exposed

@@ -60,7 +60,6 @@ Edge cases, decided:
 
 from __future__ import annotations
 
-import difflib
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -69,7 +68,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from freezing import _distribute, _keras_api, _masks, _skip_flags
+from freezing import _distribute, _foreign, _keras_api, _masks
+from freezing._mask_api import MaskAccess
 from freezing._sparse_state import SparseState
 from freezing._saving import SavedState
 from freezing._sizes import StateSizes
@@ -114,7 +114,7 @@ def _leaves(optimizer: keras.optimizers.Optimizer) -> list[keras.optimizers.Opti
 
 
 @keras.saving.register_keras_serializable(package="freezing")
-class MaskedOptimizer(InnerSurface, SavedState, StateSizes, keras.optimizers.Optimizer):
+class MaskedOptimizer(MaskAccess, InnerSurface, SavedState, StateSizes, keras.optimizers.Optimizer):
     """A Keras optimizer that freezes chosen entries of chosen variables exactly, under any inner optimizer.
 
     Args:
@@ -199,7 +199,7 @@ class MaskedOptimizer(InnerSurface, SavedState, StateSizes, keras.optimizers.Opt
         self.policy, self.norms, self.state, self.mask_fn = policy, norms, state, mask_fn
         _distribute.check_construction(self)
         # Plain Python state, kept out of Keras' and TF's attribute tracking.
-        object.__setattr__(self, "_pending", {})  # masks set before build, by path
+        object.__setattr__(self, "_pending", {})  # masks set before build: path -> (checked mask, variable or None)
         object.__setattr__(self, "_mask_index", {})  # variable key -> index into the mask store
         object.__setattr__(self, "_paths", [])  # one WritePath per writing optimizer
         object.__setattr__(self, "_guards", Guards())  # this optimizer's steps in progress: what its variables' guards read
@@ -292,6 +292,7 @@ class MaskedOptimizer(InnerSurface, SavedState, StateSizes, keras.optimizers.Opt
         pending = self._check_pending(var_list)
         self._sparse.check_options()
         _distribute.check_build(self, leaves)
+        _foreign.unwatch(self, var_list)  # this optimizer now updates them: nothing to watch for
         with tf.init_scope():
             keeps = [tf.Variable(True, shape=tf.TensorShape(None), dtype=tf.bool, trainable=False, name=f"keep_{i}")
                      for i in range(len(var_list))]
@@ -321,85 +322,11 @@ class MaskedOptimizer(InnerSurface, SavedState, StateSizes, keras.optimizers.Opt
             object.__setattr__(self, "_own_defaults", False)
         self._pending.clear()
         with tf.init_scope():  # build may run while fit traces its step: store the masks now
-            for path, keep in pending.items():
-                self._store(self._resolve(path), keep, reset=False)  # fresh slots: nothing to reset
-
-    def _check_pending(self, var_list: list[Any]) -> dict[str, np.ndarray]:
-        """The pending masks, each checked against its variable, before anything is built."""
-        by_path = {variable_path(v): v for v in var_list}
-        checked = {}
-        for path, keep in self._pending.items():
-            if path not in by_path:
-                close = difflib.get_close_matches(path, list(by_path), n=3, cutoff=0.5)
-                raise ValueError(
-                    f"MaskedOptimizer.build: a mask was set for {path!r}, which is not among the {len(by_path)} "
-                    f"variables being built" + (f"; close matches: {close}" if close else "")
-                    + "; clear it with opt.clear_mask(path) or set it on the right path"
-                )
-            checked[path] = _masks.check_mask(keep, by_path[path], "set_mask")
-        return checked
-
-    # -- masks as state ---------------------------------------------------------------------------
-    def _resolve(self, target: Any) -> Any:
-        """A variable or a path string -> the built variable (or the path itself before build)."""
-        if not self.built:
-            return variable_path(target) if not isinstance(target, str) else target
-        if isinstance(target, str):
-            by_path = {variable_path(v): v for v in _keras_api.trainable_variables(self)}
-            if target in by_path:
-                return by_path[target]
-            close = difflib.get_close_matches(target, list(by_path), n=3, cutoff=0.5)
-            raise ValueError(
-                f"MaskedOptimizer: no variable with path {target!r}"
-                + (f"; close matches: {close}" if close else f"; paths: {sorted(by_path)[:8]}")
-            )
-        if _keras_api.key(target) not in self._mask_index:
-            raise ValueError(
-                f"MaskedOptimizer: variable {variable_path(target)!r} is not one this optimizer was built "
-                f"with ({len(_keras_api.trainable_variables(self))} variables); build it with every variable it will "
-                "update, e.g. opt.build(model.trainable_variables)"
-            )
-        return target
-
-    def set_mask(self, target: Any, trainable: Any) -> None:
-        """Store a mask: entries where ``trainable`` is 1/True train, the others stay frozen.
-
-        The mask is checked before anything changes: a refused mask leaves every mask and all state
-        as it was. With ``policy="reset"`` the newly frozen entries' slots go back to their initial
-        values now. With ``state="sparse"``, a mask set before ``build`` fixes the variable's trainable
-        entries; after ``build`` only the same mask is accepted.
-
-        Args:
-            target: a variable, or its path string (``variable.path``).
-            trainable: bool, or numbers each 0 or 1; broadcastable to the variable (a scalar, a row,
-                a full array).
-
-        Raises:
-            ValueError: an unknown path (close matches listed), a variable the optimizer was not built
-                for, a mask with a value other than 0/1 (NaN included) or that does not broadcast to the
-                variable, or a changed sparse selection.
-
-        >>> v = keras.Variable([1.0, 2.0, 3.0], name="w")
-        >>> opt = MaskedOptimizer("sgd"); opt.build([v])
-        >>> opt.set_mask(v, [True, False, True]); opt.get_mask(v).tolist()
-        [True, False, True]
-        """
-        variable = self._resolve(target)
-        if isinstance(variable, str):  # before build: the values are checked now, the shape at build
-            self._pending[variable] = _masks.check_mask(trainable, variable, "set_mask")
-            return
-        self._store(variable, trainable, reset=self.policy == "reset")
-
-    def _store(self, variable: Any, trainable: Any, reset: bool) -> None:
-        keep = _masks.check_mask(trainable, variable, "set_mask")
-        index = self._mask_index[_keras_api.key(variable)]
-        if self._sparse.check_set(variable, keep):
-            return  # the same fixed selection: stored as the sparse state's index
-        stored = _masks.to_store(keep, tuple(variable.shape))
-        self._masks.keep[index].assign(stored)
-        if reset and not (stored.ndim == 0 and bool(stored)):
-            self._reset_slots(variable, stored)
-        _skip_flags.mask_stored(self, variable, stored)  # SkipFrozen: a change to follow, a flag to turn back on
+            by_path = {variable_path(v): v for v in var_list}
+            for path, keep in pending.items():  # checked: stored as they are (fresh slots: nothing to reset)
+                v = by_path[path]
+                if not self._sparse.check_set(v, keep):
+                    self._put(v, keep)
 
     def _reset_slots(self, variable: Any, keep: np.ndarray) -> None:
         entries = entries_for(self._leaves(), [variable], {_keras_api.key(variable): lambda: tf.constant(keep)},
@@ -414,54 +341,6 @@ class MaskedOptimizer(InnerSurface, SavedState, StateSizes, keras.optimizers.Opt
                     if candidate is slot:
                         return slot_initial_value(leaf, name)
         return 0.0
-
-    def get_mask(self, target: Any) -> np.ndarray | None:
-        """Return the stored mask broadcast to the variable (True = trains), or None when there is none.
-
-        Args:
-            target: a variable, or its path string.
-
-        Returns:
-            A new boolean array shaped like the variable, or None.
-
-        >>> v = keras.Variable([[1.0, 2.0]], name="w")
-        >>> opt = MaskedOptimizer("adam"); opt.build([v])
-        >>> opt.get_mask(v) is None
-        True
-        >>> opt.set_mask("w", [False, True]); opt.get_mask("w").tolist()
-        [[False, True]]
-        """
-        variable = self._resolve(target)
-        if isinstance(variable, str):
-            keep = self._pending.get(variable)
-            return None if keep is None else np.array(keep)
-        sparse = self._sparse.mask(variable)
-        if sparse is not None:
-            return sparse
-        keep = self._masks.keep[self._mask_index[_keras_api.key(variable)]].numpy()
-        if keep.ndim == 0 and bool(keep):
-            return None
-        return np.array(np.broadcast_to(keep, tuple(variable.shape)))
-
-    def clear_mask(self, target: Any) -> None:
-        """Remove the stored mask: every entry of the variable trains again.
-
-        Args:
-            target: a variable, or its path string.
-
-        Raises:
-            ValueError: with ``state="sparse"``, a variable whose selection is fixed.
-
-        >>> v = keras.Variable([1.0, 2.0], name="w")
-        >>> opt = MaskedOptimizer("adam"); opt.build([v]); opt.set_mask(v, [0, 1])
-        >>> opt.clear_mask(v); opt.get_mask(v) is None
-        True
-        """
-        variable = self._resolve(target)
-        if isinstance(variable, str):
-            self._pending.pop(variable, None)
-            return
-        self.set_mask(variable, True)
 
     # -- applying a step --------------------------------------------------------------------------
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]], trainable_masks: Sequence[Any] | None = None,

@@ -21,8 +21,9 @@ from freezing._wrappers import wrapper_chain
 from freezing.masked_optimizer import MaskedOptimizer
 
 Stage = Mapping[Any, Any]
-"""``{target: keep}``: a target is a variable, its path, or a layer (all its trainable weights);
-``keep`` is bool-like and broadcastable (1 = train), or None to clear the mask."""
+"""``{target: keep}``, as ``MaskedOptimizer.set_mask(target, keep)`` takes them: a target is a variable, its path
+(or a unique end of it), or a layer (its weights the optimizer updates); ``keep`` is bool-like and broadcastable
+(1 = train), or None to clear the mask."""
 
 
 def _find_masked(optimizer: Any) -> MaskedOptimizer:
@@ -128,12 +129,7 @@ class MaskSchedule(keras.callbacks.Callback):
     def _apply(self, stage: Stage) -> None:
         optimizer = self.optimizer or _find_masked(self.model.optimizer)
         for target, keep in stage.items():
-            variables = _layer_weights(optimizer, target) if isinstance(target, keras.layers.Layer) else [target]
-            for v in variables:
-                if keep is None:
-                    optimizer.clear_mask(v)
-                else:
-                    optimizer.set_mask(v, keep)
+            optimizer.set_mask(target, keep)  # a variable, a path or a layer; None clears
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         """Apply the stage that starts at (or is in force at) ``epoch``."""

@@ -234,8 +234,8 @@ def mirrored() -> dict:
     kernel = model.get_layer("fc1").kernel
     opt.set_mask(kernel, KEEP)
     model.fit(X, Y, epochs=1, batch_size=8, verbose=0)
-    out["diagnose_masked_frozen"] = [(r.cause, r.entries) for r in diagnose(model, {kernel.path: ~KEEP})]
-    out["diagnose_unmasked"] = sorted({r.cause for r in diagnose(model, {model.get_layer("fc2").kernel.path: True})})
+    out["diagnose_masked_frozen"] = [(r.cause, r.entries) for r in diagnose(model, masks={kernel.path: KEEP})]
+    out["diagnose_unmasked"] = sorted({r.cause for r in diagnose(model, masks={model.get_layer("fc2").kernel.path: False})})
 
     # 8. what is refused, and where
     refusals = {}

@@ -59,7 +59,7 @@ def test_clean_freeze_reports_nothing_and_nothing_moves():
 def test_trainable_variable_reports_gradient():
     model = make()
     model.compile(optimizer=K.SGD(0.1), loss="mse")
-    d = diagnose(model, {"a/kernel": np.eye(3, 4, dtype=bool)})
+    d = diagnose(model, masks={"a/kernel": ~np.eye(3, 4, dtype=bool)})
     assert found(d) == {("a/kernel", "gradient"): 3}
 
 
@@ -109,7 +109,7 @@ def test_moments_match_what_a_zero_gradient_step_moves(make_opt):
         opt.apply_gradients([(keras.ops.convert_to_tensor(grads), v)])
     frozen = np.zeros((3, 4), bool)
     frozen[0] = frozen[1, 1] = True
-    d = diagnose(model, [(v, frozen)], optimizer=opt)
+    d = diagnose(model, masks=[(v, ~frozen)], optimizer=opt)
     before = v.numpy()
     opt.apply_gradients([(keras.ops.convert_to_tensor(np.where(frozen, 0, grads).astype("float32")), v)])
     moved = int(np.count_nonzero(frozen & (before != v.numpy())))
@@ -132,7 +132,7 @@ def test_moments_through_loss_scale_optimizer():
     model = make()
     model.compile(optimizer=K.LossScaleOptimizer(K.Adam(0.1)), loss="mse")
     fit(model)
-    assert found(diagnose(model, {"a/kernel": True}))[("a/kernel", "moments")] == 12
+    assert found(diagnose(model, masks={"a/kernel": False}))[("a/kernel", "moments")] == 12
 
 
 def test_weight_decay_counts_nonzero_entries_and_respects_exclusion():
@@ -150,7 +150,7 @@ def test_weight_decay_counts_nonzero_entries_and_respects_exclusion():
 def test_constraint():
     model = make(constraint=keras.constraints.NonNeg())
     model.compile(optimizer=K.SGD(0.1), loss="mse")
-    assert found(diagnose(model, {"a/kernel": np.array([True, False, False, False])}))[("a/kernel", "constraint")] == 3
+    assert found(diagnose(model, masks={"a/kernel": np.array([False, True, True, True])}))[("a/kernel", "constraint")] == 3
 
 
 def test_ema_on_trained_and_on_built_but_frozen_variables():
@@ -235,10 +235,10 @@ def test_target_forms_merge_and_resolve():
     kernel = model.get_layer("a").kernel
     row0, row1 = np.zeros((3, 4), bool), np.zeros((3, 4), bool)
     row0[0], row1[1] = True, True
-    assert found(diagnose(model, [(kernel, row0), ("a/kernel", row1)])) == {("a/kernel", "gradient"): 8}
-    assert found(diagnose(model, {model.get_layer("b"): True})) == {("b/kernel", "gradient"): 4, ("b/bias", "gradient"): 1}
+    assert found(diagnose(model, masks=[(kernel, ~row0), ("a/kernel", ~row1)])) == {("a/kernel", "gradient"): 8}
+    assert found(diagnose(model, masks={model.get_layer("b"): False})) == {("b/kernel", "gradient"): 4, ("b/bias", "gradient"): 1}
     assert found(diagnose(model, kernel)) == {("a/kernel", "gradient"): 12}
-    assert len(diagnose(model, {"a/kernel": False})) == 0
+    assert len(diagnose(model, masks={"a/kernel": True})) == 0
     with pytest.raises(TypeError):
         {kernel: True}  # Keras variables are unhashable: key a dict by path or pass (variable, mask) pairs
 
@@ -246,7 +246,7 @@ def test_target_forms_merge_and_resolve():
 def test_unknown_path_lists_close_matches():
     model = make()
     model.compile(optimizer=K.SGD(0.1), loss="mse")
-    with pytest.raises(ValueError, match=r"no variable 'a/kernal'.*'a/kernel'"):
+    with pytest.raises(ValueError, match=r"no variable with path 'a/kernal'.*'a/kernel'"):
         diagnose(model, ["a/kernal"])
 
 
@@ -254,7 +254,7 @@ def test_wrong_mask_shape_names_variable_and_shapes():
     model = make()
     model.compile(optimizer=K.SGD(0.1), loss="mse")
     with pytest.raises(ValueError, match=r"'a/kernel' has shape \(2, 4\).*\(3, 4\)"):
-        diagnose(model, {"a/kernel": np.ones((2, 4), bool)})
+        diagnose(model, masks={"a/kernel": np.ones((2, 4), bool)})
 
 
 def test_uncompiled_model_needs_an_optimizer():
@@ -298,8 +298,8 @@ def test_masked_optimizer_contract(monkeypatch, policy):
     keep = np.ones((3, 4), bool)
     keep[0] = False  # the mask freezes row 0; the user believes rows 0 and 1 frozen
     opt = _FakeMasked(_trained_adamw(model), policy, {"a/kernel": keep})
-    frozen = {"a/kernel": np.arange(3)[:, None] < 2, "b/kernel": True}
-    d = found(diagnose(model, frozen, optimizer=K.LossScaleOptimizer(opt)))
+    trains = {"a/kernel": np.arange(3)[:, None] >= 2, "b/kernel": False}
+    d = found(diagnose(model, masks=trains, optimizer=K.LossScaleOptimizer(opt)))
     exposed = 4 if policy != "none" else 8
     assert d == {
         ("a/kernel", "not_masked"): 4, ("a/kernel", "moments"): exposed, ("a/kernel", "weight_decay"): exposed,
@@ -316,9 +316,9 @@ def test_real_masked_optimizer(policy):
     opt = masked_module.MaskedOptimizer(_trained_adamw(model), policy=policy)
     opt.set_mask(kernel, keep)
     np.testing.assert_array_equal(opt.get_mask(kernel), keep)
-    frozen = {"a/kernel": np.arange(3)[:, None] < 2}
+    trains = {"a/kernel": np.arange(3)[:, None] >= 2}
     for wrapped in (opt, K.LossScaleOptimizer(opt)):
-        d = found(diagnose(model, frozen, optimizer=wrapped))
+        d = found(diagnose(model, masks=trains, optimizer=wrapped))
         exposed = 4 if policy == "hold" else 8
         assert d == {("a/kernel", "not_masked"): 4, ("a/kernel", "moments"): exposed, ("a/kernel", "weight_decay"): exposed}
 
@@ -344,7 +344,7 @@ def test_real_masked_optimizer_clean_diagnosis_means_nothing_moves():
     opt.set_mask("a/kernel", keep)
     fit(model)  # moments, decay, EMA averages all non-trivial now
     kernel = model.get_layer("a").kernel
-    assert len(diagnose(model, {"a/kernel": ~keep})) == 0
+    assert len(diagnose(model, masks={"a/kernel": keep})) == 0
     assert diagnose(model, ["a/kernel"]).causes == {"not_masked", "moments", "weight_decay", "constraint", "ema"}
     before = kernel.numpy().copy()
     fit(model, epochs=2)
@@ -397,7 +397,7 @@ def test_following_the_printed_reset_slots_fix_with_ema_keeps_frozen_entries_thr
     model.compile(optimizer=opt, loss="mse")
     fit(model)  # trains everywhere first (the gate is all ones): moments and averages away from their start
     kernel = layer.kernel
-    rows = {row.cause: row.fix for row in diagnose(model, {kernel.path: frozen})}
+    rows = {row.cause: row.fix for row in diagnose(model, masks={kernel.path: ~frozen})}
     assert "freezing.reset_slots(opt, v, where=frozen) after every step" in rows["moments"]
     assert "freezing.reset_slots(opt, v, where=frozen) after every step" in rows["ema"]
 
@@ -411,4 +411,27 @@ def test_following_the_printed_reset_slots_fix_with_ema_keeps_frozen_entries_thr
         model.fit(X, Y, batch_size=8, epochs=3, verbose=0, shuffle=False, callbacks=[after_each])  # ends by finalize
     assert (kernel.numpy()[frozen] == before[frozen]).all()
     assert (kernel.numpy()[~frozen] != before[~frozen]).all()
-    assert "moments" not in diagnose(model, {kernel.path: frozen}).causes
+    assert "moments" not in diagnose(model, masks={kernel.path: ~frozen}).causes
+
+
+def test_masks_mean_trains_as_in_set_mask_and_old_frozen_dicts_get_a_clear_error():
+    """At 53e6206 diagnose's True meant frozen while set_mask's meant trains; a dict in frozen= now says so."""
+    model = make()
+    model.compile(optimizer=K.SGD(0.1), loss="mse")
+    keep = np.ones((3, 4), bool)
+    keep[0] = False
+    assert found(diagnose(model, masks={"a/kernel": keep})) == {("a/kernel", "gradient"): 4}
+    assert found(diagnose(model, masks=[(model.get_layer("a").kernel, keep)])) == {("a/kernel", "gradient"): 4}
+    for old in ({"a/kernel": ~keep}, [("a/kernel", ~keep)]):
+        with pytest.raises(TypeError, match=r"frozen= takes the targets believed wholly frozen.*masks=\{target: keep\}.*"
+                                            r"True means trains, as in MaskedOptimizer.set_mask: what was "
+                                            r"frozen=\{target: frozen\} is masks=\{target: ~frozen\}"):
+            diagnose(model, old)
+
+
+def test_a_path_end_finds_the_variable_and_an_ambiguous_one_lists_the_matches():
+    model = make()
+    model.compile(optimizer=K.SGD(0.1), loss="mse")
+    assert found(diagnose(model, [f"{model.name}_7/a/kernel"])) == {("a/kernel", "gradient"): 12}
+    with pytest.raises(ValueError, match=r"diagnose: the path 'kernel' matches 2 variables"):
+        diagnose(model, ["kernel"])

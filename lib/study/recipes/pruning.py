@@ -138,7 +138,7 @@ def pruning_study(config: RecipesConfig, data: MnistSplits, states: Mapping[int,
                     m_start = _momentum(inner, fc1.kernel)
                     if seed == config.seeds[0] and sparsity == config.sparsities[0]:
                         diagnosis += _diagnosis_rows(f"2 pruning, {name}", method,
-                                                     freezing.diagnose(model, {fc1.kernel.path: ~keep}))
+                                                     freezing.diagnose(model, masks={fc1.kernel.path: keep}))
                     before = fc1.kernel.numpy().copy()
                     timer = StepTimer()
                     _fit_steps(model, data.x_train, data.y_train, config.prune_batch, config.prune_steps,

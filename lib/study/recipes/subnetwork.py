@@ -65,7 +65,7 @@ def subnetwork_study(config: RecipesConfig, data: MnistSplits) -> StudyResult:
             if seed == config.seeds[0]:
                 step = int(opt.iterations.numpy())
                 frozen = {v.path: ~np.broadcast_to(mask_fn(step, v).numpy(), v.shape) for v in model.trainable_variables}
-                diagnosis += _diagnosis_rows("5 random units", method, freezing.diagnose(model, frozen))
+                diagnosis += _diagnosis_rows("5 random units", method, freezing.diagnose(model, masks={k: ~m for k, m in frozen.items()}))
             for r in audit.rows:
                 steps.append({"method": method, "seed": seed, **r})
             rows.append({"method": method, "seed": seed, "p": config.subnet_p,
