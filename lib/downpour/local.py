@@ -131,7 +131,7 @@ class LocalCluster:
 
     def command(self, job: str, index: int, args: tuple[str, ...] = ()) -> list[str]:
         """The command line of one task (its environment adds ``TF_CONFIG``). ``cluster.command("ps", 0)``"""
-        flags = ["--local", "--log-dir", str(self.logs)] + (["--bind", self.bind] if self.bind else [])
+        flags = ["--local", "--log-dir", str(self.logs), "--bind", self.bind or "0.0.0.0"]
         if job == "worker":
             flags += ["--worker-threads", str(self.worker_threads)] + ([] if self.pin_workers else ["--no-pin"])
         if job == "ps":
@@ -142,7 +142,7 @@ class LocalCluster:
                spec: dict[str, list[str]] | None = None) -> subprocess.Popen:
         env = dict(os.environ, GRPC_FAIL_FAST="use_caller", TF_CPP_MIN_LOG_LEVEL="2",
                    TF_CONFIG=self.tf_config(job, index, spec))
-        if self.bind:
+        if self.bind and not bind_address.every_interface(self.bind):
             env = bind_address.environment(self.bind, env)
         # freezing.enable_determinism in the caller sets this; it would make tf.timestamp raise in the tasks, and
         # asynchronous training is not reproducible anyway (the order of the pushes is set by timing)
