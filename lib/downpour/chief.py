@@ -41,15 +41,18 @@ def _stderr(message: str) -> None:
 
 
 def run_chief(config: DownpourConfig, cluster: dict[str, list[str]], out: str | None = None, resume: bool = False,
-              say: Callable[[str], None] = _stderr, where: str = "", ps_wait: float = 0.0) -> int:
+              say: Callable[[str], None] = _stderr, where: str = "", ps_wait: float = 0.0,
+              after_lost_ps: bool = False) -> int:
     """The coordinator's whole job (``python -m downpour`` as chief); returns the exit code (``downpour.faults``).
 
     Every error ends here with one message (``say``; ``where`` is appended to failures: the log file's name) and a
     code: 2 bad input (cluster, job, masks, data that does not fit the model or cannot be read), 3 tasks
     unreachable, 4 ``--resume`` refused, 75 a ps task lost, 1 anything else (its traceback on standard error,
-    which ``python -m downpour`` sends to the log file). ``ps_wait`` > 0: the caller waits that long for a lost ps
-    task and starts the chief again with ``--resume`` (``python -m downpour`` does); the line says so. Each lost
-    ps is also appended to ``<out>.faults.json`` (what was lost, the updates to redo), across those restarts.
+    which ``python -m downpour`` sends to the log file). ``ps_wait`` > 0: the caller starts the chief again with
+    ``--resume`` after a lost ps (``python -m downpour`` does); the line says so. ``after_lost_ps``: this is that
+    chief; it waits up to ``ps_wait`` for the ps tasks (75 if one is not back), restores the last checkpoint and
+    skips reading every worker's whole data again. Each lost ps is also appended to ``<out>.faults.json`` (what was
+    lost, the updates to redo), across those restarts.
     """
     from downpour.cluster import check_parameter_server_cluster, wait_for_tasks
     from downpour.data import dataset_function
@@ -64,12 +67,16 @@ def run_chief(config: DownpourConfig, cluster: dict[str, list[str]], out: str | 
         say(str(e))
         return faults.EXIT_BAD_INPUT
     try:
-        wait_for_tasks(cluster, timeout=config.start_timeout)
+        wait_for_tasks(cluster, timeout=max(config.start_timeout, ps_wait) if after_lost_ps else config.start_timeout)
     except TimeoutError as e:
+        if after_lost_ps:
+            say(f"{e}: a ps task lost is not back within --ps-wait {ps_wait:g} s; restart it, then the chief with "
+                f"--resume to continue from the last checkpoint")
+            return faults.EXIT_PS_LOST
         say(str(e))
         return faults.EXIT_UNREACHABLE
     trainer = _Chief(config, cluster, f"{out}.progress.json" if out else None, say)
-    trainer.ps_wait = ps_wait
+    trainer.ps_wait, trainer.data_checked = ps_wait, after_lost_ps
     try:
         trainer.set_up(resume)
     except ResumeRefused as e:
@@ -129,6 +136,7 @@ class _Chief:
         self.checkpoint_version: int | None = None
         self.ps: PsVariables | None = None
         self.ps_wait = 0.0
+        self.data_checked = False  # True: a chief started again after a lost ps (the workers' data was read once)
         self.born = time.perf_counter()
         self.started_at = time.time()  # this chief process's start (a chief started again has a later one)
 
@@ -295,6 +303,9 @@ class _Chief:
         except Exception as e:  # noqa: BLE001 - a file the chief cannot read, or cannot parse
             raise ValueError(f"data: the chief cannot read the test split ({', '.join(split_files(config, 'test'))})"
                              f": {faults.first_line(e)}") from None
+        if self.data_checked:
+            self.log("data checked against the model's inputs on the chief (the workers' data was checked before)")
+            return spec
         check_workers(model, config, len(self.cluster["worker"]))
         self.log(f"data checked against the model's inputs on the chief and on {len(self.cluster['worker'])} "
                  f"worker(s)")

@@ -65,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ps-threads", type=int, default=1, help="ps only: intra-op threads (default 1)")
     parser.add_argument("--no-pin", action="store_true", help="worker only: do not pin a 1-thread worker to a core")
     parser.add_argument("--local", action="store_true", help=argparse.SUPPRESS)  # started by LocalCluster
+    parser.add_argument("--after-lost-ps", action="store_true", help=argparse.SUPPRESS)  # started again by itself
     return parser
 
 
@@ -131,9 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         from downpour.config import job_from_dict, read_job
 
         code = run_chief(job_from_dict(read_job(args.job)), config["cluster"], out=args.out, resume=args.resume,
-                         say=console.say, where=console.where(), ps_wait=args.ps_wait)
+                         say=console.say, where=console.where(), ps_wait=args.ps_wait, after_lost_ps=args.after_lost_ps)
         if code == faults.EXIT_PS_LOST and args.ps_wait > 0:
-            code = _continue_after_lost_ps(argv, config["cluster"], args.ps_wait, console)
+            _start_again_after_lost_ps(argv)
     except ValueError as e:
         console.say(str(e))
         code = faults.EXIT_BAD_INPUT
@@ -147,24 +148,15 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(code)  # the distributed runtime's teardown would wait on tasks that may be gone
 
 
-def _continue_after_lost_ps(argv: list[str], cluster: dict, wait: float, console: Console) -> int:
-    """Wait up to ``wait`` seconds until every ps task answers again, then start this chief again in this process
-    (``exec``, with ``--resume``): a new TensorFlow context on the tasks, the last checkpoint restored onto them.
-    Returns ``EXIT_PS_LOST`` (having said so) when a ps task is not back in time."""
-    from downpour.cluster import reachable, task_names, wait_for_tasks
-
-    try:
-        wait_for_tasks({"ps": cluster["ps"]}, timeout=wait, jobs=("ps",))
-    except TimeoutError:
-        down = [name for name, address in task_names(cluster, ("ps",)).items() if not reachable(address)]
-        console.say(f"{', '.join(down) or 'a ps task'} not back within --ps-wait {wait:g} s: restart it, then the "
-                    f"chief with --resume to continue from the last checkpoint{console.where()}")
-        return faults.EXIT_PS_LOST
-    print("chief: every ps task answers again; starting again from the last checkpoint", flush=True)
+def _start_again_after_lost_ps(argv: list[str]) -> None:
+    """Start this chief again in this process (``exec``) with ``--resume``: a new TensorFlow context on the tasks.
+    The new chief waits up to ``--ps-wait`` for the lost ps task (starting TensorFlow meanwhile), restores the last
+    checkpoint onto the tasks and goes on; a ps task not back by then ends it with exit 75."""
+    print("chief: starting again, to continue from the last checkpoint once every ps task answers", flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", "downpour", *[a for a in argv if a != "--resume"], "--resume"])
-    return faults.EXIT_PS_LOST  # pragma: no cover - exec does not return
+    again = [a for a in argv if a not in ("--resume", "--after-lost-ps")]
+    os.execv(sys.executable, [sys.executable, "-m", "downpour", *again, "--resume", "--after-lost-ps"])
 
 
 def _serve(args: argparse.Namespace, config: dict, console: Console) -> int:

@@ -69,7 +69,8 @@ class _Follow:
             complete = text[:text.rfind("\n") + 1]
             self.offsets[task] = self.offsets.get(task, 0) + len(complete.encode())
             for line in complete.splitlines():
-                if task.startswith("chief") or line.startswith("downpour:"):
+                # a task's lines about the chief are this command's business (it restarts the chief), not news
+                if task.startswith("chief") or (line.startswith("downpour:") and ": the chief (" not in line):
                     print(line, flush=True)
 
 
@@ -83,18 +84,20 @@ def main(argv: list[str] | None = None) -> int:
     """Run the job on this machine under supervision; returns the exit code."""
     from downpour import faults
     from downpour.checks import check_positive_int
-    from downpour.config import job_from_dict, read_job
+    from downpour.config import DownpourConfig, read_job
 
     try:
         args = _parser().parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0) and faults.EXIT_BAD_INPUT
     try:
-        job = read_job(args.job)
+        job = read_job(args.job)  # checked by the chief (exit 2, not restarted): this process loads no TensorFlow
         job.update({k: v for k, v in (("workers", args.workers), ("ps", args.ps)) if v is not None})
-        config = job_from_dict(job)
-        for name in ("workers", "ps", "worker_threads", "ps_threads"):
-            check_positive_int(name, getattr(config, name, None) if name in ("workers", "ps") else getattr(args, name))
+        sizes = {name: job.get(name, getattr(DownpourConfig, name)) for name in ("workers", "ps", "start_timeout")}
+        for name in ("workers", "ps"):
+            check_positive_int(name, sizes[name])
+        for name in ("worker_threads", "ps_threads"):
+            check_positive_int(f"--{name.replace('_', '-')}", getattr(args, name))
         if args.max_restarts < 0 or not args.ps_wait >= 0:
             raise ValueError("--max-restarts and --ps-wait: expected numbers >= 0")
     except ValueError as e:
@@ -107,19 +110,19 @@ def main(argv: list[str] | None = None) -> int:
         job_path = Path(tmp) / "job.json"
         job_path.write_text(json.dumps(job))
         try:
-            return _supervise(config, job_path, out, args)
+            return _supervise(sizes, job_path, out, args)
         except KeyboardInterrupt:
             print("downpour: local: stopped by Ctrl-C (SIGINT), every task ended, exit code 130", flush=True)
             return 130
 
 
-def _supervise(config: Any, job_path: Path, out: Path, args: argparse.Namespace) -> int:
+def _supervise(sizes: dict[str, Any], job_path: Path, out: Path, args: argparse.Namespace) -> int:
     from downpour.jsonio import read_json, write_json_atomic
     from downpour.local import LocalCluster
 
     restarts: list[dict[str, Any]] = []
     recoveries: list[dict[str, Any]] = []
-    with LocalCluster(config.workers, config.ps, start_timeout=config.start_timeout,
+    with LocalCluster(sizes["workers"], sizes["ps"], start_timeout=sizes["start_timeout"],
                       worker_threads=args.worker_threads, ps_threads=args.ps_threads) as cluster:
         follow = _Follow(cluster.logs)
         for (job, index), process in sorted(cluster.processes.items()):
