@@ -42,7 +42,7 @@ def _stderr(message: str) -> None:
 
 def run_chief(config: DownpourConfig, cluster: dict[str, list[str]], out: str | None = None, resume: bool = False,
               say: Callable[[str], None] = _stderr, where: str = "", ps_wait: float = 0.0,
-              after_lost_ps: bool = False) -> int:
+              after_lost_ps: bool = False, failure: dict[str, Any] | None = None) -> int:
     """The coordinator's whole job (``python -m downpour`` as chief); returns the exit code (``downpour.faults``).
 
     Every error ends here with one message (``say``; ``where`` is appended to failures: the log file's name) and a
@@ -52,7 +52,7 @@ def run_chief(config: DownpourConfig, cluster: dict[str, list[str]], out: str | 
     ``--resume`` after a lost ps (``python -m downpour`` does); the line says so. ``after_lost_ps``: this is that
     chief; it waits up to ``ps_wait`` for the ps tasks (75 if one is not back), restores the last checkpoint and
     skips reading every worker's whole data again. Each lost ps is also appended to ``<out>.faults.json`` (what was
-    lost, the updates to redo), across those restarts.
+    lost, the updates to redo), across those restarts; ``failure`` (a dict) is filled with what the chief knew.
     """
     from downpour.cluster import check_parameter_server_cluster, wait_for_tasks
     from downpour.data import dataset_function
@@ -84,33 +84,36 @@ def run_chief(config: DownpourConfig, cluster: dict[str, list[str]], out: str | 
         return faults.EXIT_RESUME_REFUSED
     except ValueError as e:
         if "\n" in str(e):  # not one of this package's one-line refusals: TensorFlow's, from tracing the job's code
-            return _failed(trainer, e, cluster, say, where)
+            return _failed(trainer, e, cluster, say, where, failure)
         say(str(e))
         return faults.EXIT_BAD_INPUT
     except Exception as e:  # noqa: BLE001 - every error ends with a message and an exit code
-        return _failed(trainer, e, cluster, say, where)
+        return _failed(trainer, e, cluster, say, where, failure)
     try:
         result = trainer.train()
         if out:
             write_json_atomic(out, result.to_json())
     except Exception as e:  # noqa: BLE001
-        return _failed(trainer, e, cluster, say, where)
+        return _failed(trainer, e, cluster, say, where, failure)
     trainer.tell_tasks_finished()
     print(f"chief: done, {result.applied_updates} updates in {result.seconds:.1f} s", flush=True)
     return faults.EXIT_OK
 
 
 def _failed(trainer: _Chief, error: BaseException, cluster: dict[str, list[str]], say: Callable[[str], None],
-            where: str) -> int:
+            where: str, known: dict[str, Any] | None = None) -> int:
     """Classify an error of set-up or training, report it in one line, and return the exit code."""
     traceback.print_exception(error, file=sys.stderr)  # the whole text, for the log file
     lost = faults.lost_ps_tasks(error, cluster["ps"]) or trainer.ps_tasks_restarted()
     failure = trainer.record_failure(error, lost)
+    if known is not None:
+        known.update(failure)
     if lost:
         then = (f"waiting up to {trainer.ps_wait:g} s (--ps-wait) for it to come back, then continuing"
                 if trainer.ps_wait > 0 else "restart it, then the chief with --resume to continue")
-        say(f"{', '.join(lost)} lost ({failure['error'][:160]}); {then} from the checkpoint of update "
-            f"{failure['checkpoint_version']}{where}")
+        start = (f"from the checkpoint of update {failure['checkpoint_version']}" if failure["checkpoint_version"]
+                 else "from update 0 (no checkpoint yet)")
+        say(f"{', '.join(lost)} lost ({failure['error'][:160]}); {then} {start}{where}")
         return faults.EXIT_PS_LOST
     missing = faults.data_error(error)
     if missing is not None:

@@ -131,10 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         from downpour.chief import run_chief
         from downpour.config import job_from_dict, read_job
 
+        failure: dict = {}
         code = run_chief(job_from_dict(read_job(args.job)), config["cluster"], out=args.out, resume=args.resume,
-                         say=console.say, where=console.where(), ps_wait=args.ps_wait, after_lost_ps=args.after_lost_ps)
+                         say=console.say, where=console.where(), ps_wait=args.ps_wait, after_lost_ps=args.after_lost_ps,
+                         failure=failure)
         if code == faults.EXIT_PS_LOST and args.ps_wait > 0:
-            _start_again_after_lost_ps(argv)
+            # resume only from a checkpoint this job wrote or restored (never an older job's in the same folder)
+            written = failure.get("checkpoint_version")
+            _start_again_after_lost_ps(argv, resume=bool(written) if written is not None else args.resume)
     except ValueError as e:
         console.say(str(e))
         code = faults.EXIT_BAD_INPUT
@@ -148,15 +152,16 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(code)  # the distributed runtime's teardown would wait on tasks that may be gone
 
 
-def _start_again_after_lost_ps(argv: list[str]) -> None:
-    """Start this chief again in this process (``exec``) with ``--resume``: a new TensorFlow context on the tasks.
+def _start_again_after_lost_ps(argv: list[str], resume: bool) -> None:
+    """Start this chief again in this process (``exec``), with ``--resume`` when this job has a checkpoint (else from
+    update 0): a new TensorFlow context on the tasks.
     The new chief waits up to ``--ps-wait`` for the lost ps task (starting TensorFlow meanwhile), restores the last
     checkpoint onto the tasks and goes on; a ps task not back by then ends it with exit 75."""
     print("chief: starting again, to continue from the last checkpoint once every ps task answers", flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    again = [a for a in argv if a not in ("--resume", "--after-lost-ps")]
-    os.execv(sys.executable, [sys.executable, "-m", "downpour", *again, "--resume", "--after-lost-ps"])
+    again = [a for a in argv if a not in ("--resume", "--after-lost-ps")] + ["--resume"] * resume
+    os.execv(sys.executable, [sys.executable, "-m", "downpour", *again, "--after-lost-ps"])
 
 
 def _serve(args: argparse.Namespace, config: dict, console: Console) -> int:
