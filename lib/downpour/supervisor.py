@@ -109,8 +109,13 @@ def main(argv: list[str] | None = None) -> int:
             Path(stale).unlink(missing_ok=True)
         job_path = Path(tmp) / "job.json"
         job_path.write_text(json.dumps(job))
+        from downpour.bind import BindError
+
         try:
             return _supervise(sizes, job_path, out, args)
+        except BindError as e:  # no C compiler: the tasks cannot be kept on 127.0.0.1
+            print(f"downpour: local: {e}", file=sys.stderr, flush=True)
+            return faults.EXIT_BAD_INPUT
         except KeyboardInterrupt:
             print("downpour: local: stopped by Ctrl-C (SIGINT), every task ended, exit code 130", flush=True)
             return 130

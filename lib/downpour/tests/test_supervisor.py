@@ -30,7 +30,18 @@ import pytest
 from downpour.cluster import reachable
 from downpour.examples import tabular
 
-pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--job", "/nowhere/job.json"], "downpour: --job: '/nowhere/job.json' is neither a JSON object nor a file"),
+    (["--job", '{"steps": 8}', "--workers", "0"], "downpour: workers: expected an integer >= 1"),
+    (["--job", '{"steps": 8}', "--max-restarts", "-1"], "downpour: --max-restarts and --ps-wait: expected numbers >= 0"),
+])
+def test_bad_arguments_end_the_command_with_one_line_and_exit_2_before_any_task_starts(args, message):
+    run = subprocess.run([sys.executable, "-m", "downpour", "local", *args], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 2 and run.stdout == "", run
+    assert run.stderr.splitlines()[-1].startswith(message), run.stderr
 
 
 def _job(tmp_path: Path) -> Path:
@@ -44,6 +55,8 @@ def _job(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow  # a cluster, a minute or two each: make test-slow
+@pytest.mark.cluster
 @pytest.mark.parametrize("victim, stop_chief", [("ps:0", False), ("ps:1", False), ("ps:1", True)],
                          ids=["ps0-seen-at-once", "ps1-seen-by-a-worker", "ps1-back-before-the-chief-looks"])
 def test_a_killed_ps_task_is_recovered_by_the_chief_with_no_human_step(tmp_path, victim, stop_chief):
