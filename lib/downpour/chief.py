@@ -113,7 +113,12 @@ def _failed(trainer: _Chief, error: BaseException, cluster: dict[str, list[str]]
                 if trainer.ps_wait > 0 else "restart it, then the chief with --resume to continue")
         start = (f"from the checkpoint of update {failure['checkpoint_version']}" if failure["checkpoint_version"]
                  else "from update 0 (no checkpoint yet)")
-        say(f"{', '.join(lost)} lost ({failure['error'][:160]}); {then} {start}{where}")
+        seen = failure["version_at_failure"] if failure["version_at_failure"] is not None else failure[
+            "last_polled_version"]
+        redo = seen - (failure["checkpoint_version"] or 0) if seen is not None else None
+        lost_updates = "" if redo is None else f" ({'' if failure['version_at_failure'] is not None else 'at least '}" \
+            f"{redo} update{'s' * (redo != 1)} applied since then to redo)"
+        say(f"{', '.join(lost)} lost ({failure['error'][:160]}); {then} {start}{lost_updates}{where}")
         return faults.EXIT_PS_LOST
     missing = faults.data_error(error)
     if missing is not None:

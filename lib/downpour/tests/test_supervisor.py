@@ -127,4 +127,6 @@ def test_a_killed_ps_task_is_recovered_by_the_chief_with_no_human_step(tmp_path,
     assert recovery["updates_redone"] == seen - again["restored_version"] >= killed["version"] - again[
         "restored_version"] > 0
     assert recovery["next_update_s"] > 0
+    told = re.search(r"\((?:at least )?(\d+) updates? applied since then to redo\)", said[0])
+    assert told and int(told.group(1)) == recovery["updates_redone"], said[0]  # the line says what was lost
     assert r["frozen"]["frozen_changed_bits"] == 0  # the restored masks held through the fault
