@@ -347,6 +347,19 @@ def test_a_lost_ps_is_a_typed_connection_error_and_a_port_that_is_down(addresses
         assert faults.lost_ps_tasks(_ClosureError(error), [down], tries=1) == []
 
 
+def test_a_call_to_a_dead_peer_ends_at_its_deadline_and_counts_as_a_connection_error(addresses):
+    import time
+
+    down, _ = addresses
+    started = time.monotonic()
+    with pytest.raises(faults.CallTimeout, match=r"^reading the update counter: no answer within 0.2 s$") as caught:
+        faults.with_deadline(lambda: time.sleep(30), 0.2, "reading the update counter")
+    assert time.monotonic() - started < 5  # the hung call is left behind, not waited for
+    assert faults.lost_ps_tasks(caught.value, [down], tries=1) == ["ps:0"]  # its task does not answer: lost
+    with pytest.raises(ZeroDivisionError):  # an error inside the call is the call's own
+        faults.with_deadline(lambda: 1 / 0, 5.0, "a division")
+
+
 # -- the bind address ---------------------------------------------------------------------------------------
 
 
