@@ -11,7 +11,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONHASHSEED ?= 0
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test test-slow test-oldest test-gpu ci smoke reproduce verify bench lab clean distclean
+.PHONY: help venv test test-slow test-oldest test-downpour test-downpour-oldest test-gpu ci smoke reproduce verify bench lab clean distclean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -42,6 +42,14 @@ $(OLDEST_STAMP): requirements-oldest.txt pyproject.toml
 test-oldest: $(OLDEST_STAMP) ## The library's tests, slow ones included (MirroredStrategy), on the oldest Keras/TensorFlow declared
 	$(OLDEST)/bin/python -m pytest -m "slow or not slow" tests/library tests/keras_suite lib/freezing
 
+# downpour on its own: a fresh venv in $TMPDIR (removed after), only TensorFlow, `freezing` and `freezing-downpour[test]`
+# with their declared dependencies (the lock as constraints), its tests run from there (pytest --pyargs downpour.tests)
+test-downpour: ## The parameter server's tests, from its own install in a clean venv outside the repository
+	PYTHON=$(PYTHON) .ci/test-downpour-alone requirements.txt -m "not slow"
+
+test-downpour-oldest: ## The same, at the oldest Keras/TensorFlow declared (requirements-oldest.txt)
+	PYTHON=$(PYTHON) .ci/test-downpour-alone requirements-oldest.txt -m "not slow"
+
 # FREEZING_GPU_TESTS_ON_CPU=1 runs the same tests and bench on the CPU: a check that they run, nothing about a GPU.
 test-gpu: $(STAMP) ## On a GPU (< 5 min): masked fit under XLA, mixed float16/bfloat16, MirroredStrategy, mask placement, a bench ratio
 	@if [ "$$FREEZING_GPU_TESTS_ON_CPU" = 1 ] || $(PY) -c "import sys, tensorflow as tf; sys.exit(not tf.config.list_physical_devices('GPU'))" 2>/dev/null; then \
@@ -53,7 +61,7 @@ test-gpu: $(STAMP) ## On a GPU (< 5 min): masked fit under XLA, mixed float16/bf
 		echo "  (TensorFlow lists no GPU; the lock installs tensorflow-cpu: see README, Environment, GPU)"; \
 	fi
 
-ci: test test-slow test-oldest ## What CI runs (.ci/run)
+ci: test test-slow test-oldest test-downpour test-downpour-oldest ## What CI runs (.ci/run)
 
 smoke: $(STAMP) ## Run every notebook on tiny parameters into build/smoke/ (about a minute each)
 	$(PY) -m study.report --profile smoke --out build/smoke

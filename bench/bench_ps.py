@@ -17,7 +17,7 @@ each task used in that window, and the load average, are reported too: on a shar
 get its core shows up there, not in the ratio. Prints; asserts nothing about time.
 ``python bench/bench_ps.py --repeats 3``
 
-``--sparse``: an Embedding-heavy model instead (``examples/ps_tokens`` with a 50,000 x 32 table, 1 worker, 2 ps
+``--sparse``: an Embedding-heavy model instead (``lib/downpour/examples/tokens`` with a 50,000 x 32 table, 1 worker, 2 ps
 tasks), each job run pushing only the rows a push touched and fetching only the rows the next batches look up
 (``sparse_push`` and ``sparse_fetch`` true) and pushing and fetching dense tensors (both false), interleaved,
 with Downpour's Adagrad (a scatter on the ps) and with Adam (Keras' Adam
@@ -42,8 +42,6 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "lib"))
-sys.path.insert(0, str(REPO))  # examples.ps_tokens, for --sparse (the chief imports it too: PYTHONPATH below)
-os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
 
 from downpour.local import LocalCluster  # noqa: E402
 from downpour import DownpourConfig, run_downpour  # noqa: E402
@@ -100,8 +98,8 @@ def _spread(values: list[float]) -> str:
             f"(min {min(values):.2f}, max {max(values):.2f}, n={len(values)})")
 
 
-SPARSE = DownpourConfig(model="examples.ps_tokens.model:build", model_kwargs={"width": 32, "vocab": 50_000},
-                        data="examples.ps_tokens.data:dataset",
+SPARSE = DownpourConfig(model="downpour.examples.tokens.model:build", model_kwargs={"width": 32, "vocab": 50_000},
+                        data="downpour.examples.tokens.data:dataset",
                         loss={"class_name": "BinaryCrossentropy", "config": {"from_logits": True}},
                         n_fetch=4, n_push=4, steps_per_function=8, batch=32, learning_rate=0.01, ps=2)
 """The Embedding-heavy job of ``--sparse``: 50,000 x 32 float32 = 6.4 MB of embedding table, split over both ps."""
@@ -109,7 +107,7 @@ SPARSE = DownpourConfig(model="examples.ps_tokens.model:build", model_kwargs={"w
 
 def sparse_main(repeats: int, functions_per_worker: int) -> dict:
     """``--sparse``: sparse and dense pushes of one Embedding-heavy job, interleaved, per optimizer on the ps."""
-    from examples.ps_tokens.data import write
+    from downpour.examples.tokens.data import write
 
     started = time.monotonic()
     runs: dict[str, list] = {}
@@ -128,7 +126,7 @@ def sparse_main(repeats: int, functions_per_worker: int) -> dict:
                           f"{run['steps_per_s']:.2f} steps/s, {run['pushed_bytes_per_update'] / 1e6:.3f} MB pushed "
                           f"and {run['fetched_bytes_per_update'] / 1e6:.3f} MB fetched per update", flush=True)
     out: dict = {"runs": runs, "config": dataclasses.asdict(SPARSE), "cpus": os.cpu_count()}
-    print(f"\nAn Embedding-heavy model (examples/ps_tokens, 50,000 x 32 table = 6.4 MB, over 2 ps tasks), 1 worker, "
+    print(f"\nAn Embedding-heavy model (lib/downpour/examples/tokens, 50,000 x 32 table = 6.4 MB, over 2 ps tasks), 1 worker, "
           f"batch {SPARSE.batch} x 20 tokens, n_fetch = n_push = {SPARSE.n_push}; {repeats} interleaved repeats; load "
           f"average {min(r['load_before'] for v in runs.values() for r in v):.1f}-"
           f"{max(r['load_after'] for v in runs.values() for r in v):.1f}.")

@@ -82,3 +82,40 @@ def test_bad_arguments_name_what_is_allowed_and_exit_2(run, tmp_path, capsys):
     assert run.main(["masked_fit", "--publish", str(tmp_path / "b")]) == 2
     assert "runs every benchmark" in capsys.readouterr().err and not (tmp_path / "b").exists()
     assert run.main(["--publish"]) == 2
+
+
+PS = {"scaling_2_over_1": [1.708, 1.5676, 1.5877], "cpu_time_scaling_2_over_1": [1.775, 1.755, 1.787],
+      "overhead_ps_over_local": [1.609, 1.5435, 1.522], "cpu_overhead_ps_over_local": [1.281, 1.224, 1.228],
+      "scaling_4_over_1": [1.364, 1.48]}
+PS_SPARSE = {"adagrad_bytes_sparse_over_dense": [0.0534, 0.0534, 0.0534],
+             "adagrad_fetched_bytes_sparse_over_dense": [0.0534, 0.0534, 0.0534],
+             "adagrad_steps_per_s_sparse_over_dense": [1.185, 1.394, 1.164],
+             "adam_bytes_sparse_over_dense": [0.0534, 0.0534, 0.0534],
+             "adam_fetched_bytes_sparse_over_dense": [0.0534, 0.0534, 0.0534],
+             "adam_steps_per_s_sparse_over_dense": [1.134, 1.144, 1.254]}
+
+
+def test_the_parameter_server_rows_are_published_with_their_ranges_and_a_floor_for_scaling(run):
+    """2 workers ÷ 1 (a floor, >= 1.6), the ps step ÷ the local step (<= 1.3), sparse ÷ dense pushes: each the median
+    over bench_ps.py's repeats with its range; the byte ratios as notes."""
+    results = {"parameter_server": PS, "parameter_server_sparse": PS_SPARSE}
+    rows, notes = run._rows(results)
+    by = {r["label"]: r for r in rows}
+    scaling = by["parameter server: 2 workers / 1 worker, steps per second"]
+    assert scaling["wall"] == (1.5877, 1.5676, 1.708) and scaling["cpu"] == (1.775, 1.755, 1.787)
+    assert run._met(scaling) == "undecided: inside the range over rounds (median under it)"
+    assert run._met({**scaling, "wall": (1.7, 1.65, 1.75)}) == "met"
+    assert run._met({**scaling, "wall": (1.4, 1.3, 1.5)}) == "met in CPU time only"  # CPU median 1.775 >= 1.6
+    assert run._met({**scaling, "wall": (1.4, 1.3, 1.5), "cpu": (1.5, 1.4, 1.55)}) == "NOT met"
+    overhead = by["parameter server: ps step / local one-core step, time per step"]
+    assert run._met(overhead) == "met in CPU time only"  # wall 1.543 > 1.3 everywhere, CPU median 1.228
+    text = run._markdown(results, {"commit": "c", "dirty": False, "finished_at": "t", "seconds": 1.0,
+                                   "machine": {"processor": "p", "machine": "m", "cpus": 2}, "load": None,
+                                   "versions": {"tensorflow": "2", "keras": "3"}})
+    assert ("| parameter server: 2 workers / 1 worker, steps per second | 1.588 (1.56–1.71) | 1.775 (1.75–1.79) "
+            "| ≥ 1.6: undecided: inside the range over rounds (median under it) |") in text
+    assert "| parameter server, Embedding: sparse / dense pushes, steps per second (Adam) | 1.144 (1.13–1.26) |" in text
+    assert ("- parameter server, Embedding (Downpour's Adagrad): bytes pushed per update, sparse / dense pushes: "
+            "0.053 (0.053–0.054)") in text
+    assert len([n for n in notes if n.startswith("parameter server")]) == 4
+    assert run._rows({})[0] == []  # no parameter-server results, no rows

@@ -24,10 +24,9 @@ from study.gradients.ps_data import write_study_mnist
 from study.models import DEEP_MNIST_PARAMETERS
 from downpour import DownpourConfig, Faults, PsVariables, build_model, run_chief, run_downpour
 from downpour import faults
+from downpour.examples import tabular as tabular_example, tokens as tokens_example
 from downpour.faults import EXIT_UNREACHABLE
 from downpour.local import LocalCluster, free_ports
-
-REPO = Path(__file__).resolve().parents[1]
 
 MLP = "downpour.examples:mnist_mlp"
 
@@ -61,18 +60,15 @@ def alive_pids():
 
 @pytest.fixture(scope="module")
 def tokens(tmp_path_factory):
-    """examples/ps_tokens' data: one TFRecord file per worker and a test file; and the same with 16 tokens."""
-    import sys
-
-    sys.path.insert(0, str(REPO))
-    from examples.ps_tokens.data import write
+    """lib/downpour/examples/tokens' data: one TFRecord file per worker and a test file; and the same with 16 tokens."""
+    from downpour.examples.tokens.data import write
 
     folder = tmp_path_factory.mktemp("tokens")
     return str(write(folder / "ok", workers=2)), str(write(folder / "short", workers=2, length=16))
 
 
 def _tokens_job(folder: str, **changes) -> dict:
-    job = json.loads((REPO / "examples" / "ps_tokens" / "job.json").read_text())
+    job = json.loads(tokens_example.JOB.read_text())
     job.update(data_kwargs={"folder": folder}, **changes)
     return job
 
@@ -102,8 +98,6 @@ def _said(log: str) -> list[str]:
 def test_an_embedding_and_two_inputs_train_with_adam_on_the_ps_and_no_frozen_bit_moves_on_either_task(
         cluster, tokens, monkeypatch):
     """Issue 22's "done when": Embedding + two inputs, Adam on the ps, a masked layer, 0 frozen bits on both tasks."""
-    monkeypatch.syspath_prepend(str(REPO))
-    monkeypatch.chdir(REPO)  # the chief imports examples.* from the repository root
     r = run_downpour(DownpourConfig(**_tokens_job(tokens[0], steps=96, eval_every=48, workers=2, ps=2)), cluster,
                      timeout_s=400)
     assert r.sparse_variables == ["embedding/embeddings"]  # the Embedding's gradient stayed IndexedSlices
@@ -127,7 +121,6 @@ def test_an_embedding_and_two_inputs_train_with_adam_on_the_ps_and_no_frozen_bit
 @pytest.mark.cluster
 def test_data_that_does_not_fit_the_model_or_a_missing_worker_file_ends_the_chief_with_one_line(
         cluster, tokens, tmp_path, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     short = tokens[1]
     code, log = _chief(cluster, _tokens_job(short, steps=8), tmp_path)  # 16 tokens where the model declares 20
     assert code == faults.EXIT_BAD_INPUT, log
@@ -144,13 +137,13 @@ def test_data_that_does_not_fit_the_model_or_a_missing_worker_file_ends_the_chie
                            f"NotFoundError: {broken}/train-1.tfrecord; No such file or directory"), line
     assert "Traceback" not in log and "E0000" not in log  # TensorFlow's and Python's text went to the log file
     # a record far into a file that does not parse: found before training, named with its file and its index
-    from examples.ps_tabular.data import write
+    from downpour.examples.tabular.data import write
 
     tabular = write(tmp_path / "tabular")
     lines = (tabular / "train.csv").read_text().splitlines()
     lines[1 + 300] = "x" + lines[1 + 300][lines[1 + 300].index(","):]  # after the header: record 300's first field
     (tabular / "train.csv").write_text("\n".join(lines) + "\n")
-    job = json.loads((REPO / "examples" / "ps_tabular" / "job.json").read_text())
+    job = json.loads(tabular_example.JOB.read_text())
     job.update(data_kwargs={"folder": str(tabular)}, checkpoint_dir=str(tmp_path / "ckpt"), steps=16)
     code, log = _chief(cluster, job, tmp_path)
     assert code == faults.EXIT_BAD_INPUT, log
@@ -422,13 +415,10 @@ def test_a_failing_push_is_not_a_lost_ps_and_every_chief_error_ends_with_a_messa
 @pytest.mark.slow
 @pytest.mark.cluster
 def test_the_walk_through_s_second_model_trains_with_adam_and_a_frozen_layer(cluster, tmp_path, monkeypatch):
-    """lib/downpour/README.md's job (examples/ps_tabular/job.json), shortened, on the module's cluster."""
-    repo = REPO
-    monkeypatch.syspath_prepend(str(repo))
-    monkeypatch.chdir(repo)  # the chief imports examples.* from the repository root, as in the walk-through
-    from examples.ps_tabular.data import write
+    """lib/downpour/README.md's job (lib/downpour/examples/tabular/job.json), shortened, on the module's cluster."""
+    from downpour.examples.tabular.data import write
 
-    job = json.loads((repo / "examples" / "ps_tabular" / "job.json").read_text())
+    job = json.loads(tabular_example.JOB.read_text())
     job.update(data_kwargs={"folder": str(write(tmp_path / "tabular"))}, checkpoint_dir=str(tmp_path / "ckpt"),
                steps=96, eval_every=24, checkpoint_every=24, workers=2, ps=2)
     r = run_downpour(DownpourConfig(**job), cluster, timeout_s=400)

@@ -33,6 +33,29 @@ def test_modules_started_as_subprocesses_by_name_are_followed():
     assert {"downpour.roles", "downpour.chief", "downpour.worker"} <= names  # started as `python -m downpour`
 
 
+def test_only_notebook_04_s_key_covers_the_parameter_server(tmp_path):
+    """A change to any ``downpour`` module leaves study 01's key as it was (its report IO is the study's own) and
+    changes study 04's, whose runs start ``python -m downpour``."""
+    import shutil
+
+    root = tmp_path / "lib"
+    for package in ("freezing", "study", "downpour"):
+        shutil.copytree(REPO / "lib" / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+    lock = REPO / "requirements.txt"
+
+    def keys() -> dict[str, str]:
+        return {name: cache.notebook_key(REPO / "notebooks" / name, {}, lock, root)
+                for name in ("01_adam_drift.ipynb", "04_gradients_and_ps.ipynb")}
+
+    before = keys()
+    assert not any(name.split(".")[0] == "downpour" for name in cache.modules(REPO / "notebooks" / "01_adam_drift.ipynb"))
+    for module in sorted((root / "downpour").glob("*.py")):
+        module.write_text(module.read_text() + "# changed\n")
+    after = keys()
+    assert after["01_adam_drift.ipynb"] == before["01_adam_drift.ipynb"]
+    assert after["04_gradients_and_ps.ipynb"] != before["04_gradients_and_ps.ipynb"]
+
+
 def _tree(root: Path) -> Path:
     """A fake lib/ with freezing/ and study/ packages, and a notebook importing study.a."""
     (root / "freezing").mkdir(parents=True)

@@ -2,7 +2,7 @@
 
 What the study needs, users need too: a private name it reaches for belongs in the library's public API (or,
 for Keras and TensorFlow internals, behind ``freezing``'s compat module, ``freezing._keras_api``). This test reads
-every module of the study and the bench (and the notebooks' code cells) and fails on
+every module of the study, the bench and ``downpour`` (and the notebooks' code cells) and fails on
 
 * an import of a private module or name: ``freezing._x``, ``keras.src``, ``tensorflow.python``, ``from m import _x``;
 * a read of a private attribute of anything but ``self``/``cls``: ``opt._var_key``, ``freezing._wrappers``.
@@ -24,7 +24,8 @@ PACKAGES = ("freezing", "keras", "tensorflow")
 
 
 def _sources() -> list[tuple[str, str]]:
-    files = sorted((ROOT / "lib" / "study").rglob("*.py")) + sorted((ROOT / "bench").rglob("*.py"))
+    files = sorted((ROOT / "lib" / "study").rglob("*.py")) + sorted((ROOT / "bench").rglob("*.py")) + sorted(
+        (ROOT / "lib" / "downpour").rglob("*.py"))  # the parameter server, a package of its own, too
     out = [(str(p.relative_to(ROOT)), p.read_text(encoding="utf-8")) for p in files]
     for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
         cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]

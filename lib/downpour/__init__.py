@@ -15,7 +15,7 @@ Every task is one command, ``python -m downpour`` with its ``TF_CONFIG`` (``down
 Modules, each importing only those listed before it:
 
 * ``checks``       argument checks with one message each (no dependencies)
-* ``jsonio``       files written whole or not at all, JSON read back (no dependencies; the study's reports too)
+* ``jsonio``       files written whole or not at all, JSON read back (no dependencies)
 * ``config``       the job, ``DownpourConfig``: plain data, validated; ``"module:function"`` hooks
 * ``bind``         listen on one address (TensorFlow alone listens on every interface); the checked shim
 * ``console``      one line per event in the terminal, TensorFlow's output in a log file; Ctrl-C
@@ -32,8 +32,10 @@ Modules, each importing only those listed before it:
 * ``worker``       the Downpour worker loop; the same loop in one process
 * ``chief``        the coordinator: check, schedule, poll, checkpoint, evaluate, exit codes
 * ``launcher``     ``run_downpour``: a job on a ``LocalCluster``, with ``Faults`` injected
+* ``supervisor``   ``python -m downpour local``: every task of a job here, each started again when it dies
 * ``roles``        ``python -m downpour``: every task's entry point (``__main__``)
-* ``examples``     example hooks: a small MLP, a gradient transform
+* ``examples``     example hooks (a small MLP, a gradient transform, a random mask) and the README's two
+                   example jobs with their data: ``examples.tabular``, ``examples.tokens``
 
 Names are imported on first use, so ``python -m downpour`` for a ps task loads no Keras. The package depends on
 TensorFlow, Keras and ``freezing`` only (``lib/downpour/pyproject.toml``); its README is the walk-through.
@@ -50,7 +52,8 @@ __version__ = "0.1.0"
 MODULES = ("downpour.checks", "downpour.jsonio", "downpour.config", "downpour.bind", "downpour.console",
            "downpour.cluster", "downpour.faults", "downpour.checkpoints", "downpour.local", "downpour.data", "downpour.sparse",
            "downpour.model", "downpour.optimizer", "downpour.variables", "downpour.result", "downpour.worker",
-           "downpour.chief", "downpour.launcher", "downpour.roles", "downpour.__main__", "downpour.examples")
+           "downpour.chief", "downpour.launcher", "downpour.supervisor", "downpour.roles", "downpour.__main__",
+           "downpour.examples")
 """Every module of the package, in dependency order."""
 
 _EXPORTS = {

@@ -2,8 +2,8 @@
 
 TensorFlow 2.21's gRPC server always listens on every interface of its port, IPv4 and IPv6: ``GrpcServer::Init``
 (``tensorflow/core/distributed_runtime/rpc/grpc_server_lib.cc``) calls ``AddListeningPort("[::]:<port>")``
-whatever host the task's address names, and no option changes that. A task started with ``--bind ADDRESS``
-therefore runs with a tiny ``LD_PRELOAD`` library (``SHIM_SOURCE``, built once with the system's C compiler into
+whatever host the task's address names, and no option changes that. A task (on 127.0.0.1 by default, or
+``--bind ADDRESS``) therefore runs with a tiny ``LD_PRELOAD`` library (``SHIM_SOURCE``, built once with the system's C compiler into
 ``~/.cache/downpour``) that turns that wildcard ``bind()`` into a bind to ``ADDRESS``; the task then reads
 ``/proc/net/tcp*`` and exits with an error unless its port listens on ``ADDRESS`` only (``check_listening``).
 Linux (glibc) only. Every other ``bind()`` passes through unchanged.
@@ -14,7 +14,9 @@ check: its file name carries the SHA-256 of the source, the compiler flags and t
 next to it records that key and the library's own SHA-256; a library whose bytes or key differ is built again,
 and a cache folder that other users can write is refused.
 
-``python -m downpour --bind 127.0.0.1`` (one machine) or ``--bind 10.0.0.5`` (the machine's private address).
+A task listens on 127.0.0.1 unless ``--bind`` names another address: ``--bind 10.0.0.5`` (the machine's private
+address, for a cluster of several machines); ``--bind 0.0.0.0`` (or ``::``) is TensorFlow's own every-interface
+listening, with no shim, and the task prints a warning line.
 
 This narrows who can connect; it does not authenticate anyone. A TensorFlow server runs any graph it is sent,
 so a cluster belongs on a private network whatever it binds.
@@ -31,8 +33,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-ENV = "STUDY_PS_BIND"
+ENV = "DOWNPOUR_BIND"
 """The environment variable the shim reads: the address to bind instead of the wildcard."""
+DEFAULT = "127.0.0.1"
+"""The address a task listens on when ``--bind`` is not given: loopback, this machine only."""
 
 SHIM_SOURCE = r"""
 #define _GNU_SOURCE
@@ -44,11 +48,11 @@ SHIM_SOURCE = r"""
 #include <string.h>
 #include <sys/socket.h>
 
-/* bind() to the address in STUDY_PS_BIND instead of the IPv4 or IPv6 wildcard; anything else unchanged. */
+/* bind() to the address in DOWNPOUR_BIND instead of the IPv4 or IPv6 wildcard; anything else unchanged. */
 int bind(int fd, const struct sockaddr *addr, socklen_t len) {
     static int (*real)(int, const struct sockaddr *, socklen_t) = 0;
     if (!real) real = (int (*)(int, const struct sockaddr *, socklen_t))dlsym(RTLD_NEXT, "bind");
-    const char *want = getenv("STUDY_PS_BIND");
+    const char *want = getenv("DOWNPOUR_BIND");
     struct in_addr v4;
     struct in6_addr v6;
     if (!want || !addr) return real(fd, addr, len);
@@ -85,6 +89,20 @@ int bind(int fd, const struct sockaddr *addr, socklen_t len) {
 
 class BindError(RuntimeError):
     """``--bind`` cannot be honoured here; the message says why and what to do instead."""
+
+
+def every_interface(address: str) -> bool:
+    """Whether ``address`` is a wildcard (``0.0.0.0``, ``::``): TensorFlow's own behaviour, every interface, no shim.
+
+    ``every_interface("0.0.0.0") and not every_interface("127.0.0.1")``
+    """
+    return ipaddress.ip_address(address).is_unspecified
+
+
+def wide_warning(task: str, address: str, port: int | str) -> str:
+    """The one line a task prints when ``--bind`` asks for every interface."""
+    return (f"warning: {task} listens on every interface (--bind {address}): anyone who reaches port {port} can read "
+            "and overwrite the model and run code as this task's user; keep the cluster on a private network")
 
 
 def check_address(address: str) -> str:
@@ -152,13 +170,15 @@ def cached_shim(cc: str | None = None) -> Path | None:
 def build_shim() -> Path:
     """The checked ``LD_PRELOAD`` library, built once (cached); a ``BindError`` says why it cannot. ``build_shim()``"""
     if not sys.platform.startswith("linux"):
-        raise BindError(f"--bind: works on Linux only (an LD_PRELOAD shim); this is {sys.platform}. TensorFlow's "
-                        "server listens on every interface: keep the cluster on a private network or firewall it")
+        raise BindError(f"--bind: listening on one address works on Linux only (an LD_PRELOAD shim); this is "
+                        f"{sys.platform}. TensorFlow's server alone listens on every interface: give --bind 0.0.0.0 "
+                        "to accept that, on a private network or behind a firewall")
     cc = compiler()
     if cc is None:
-        raise BindError("--bind: needs a C compiler (cc, gcc or clang, or $CC) to build a 60-line bind() shim once, "
-                        "because TensorFlow's server always listens on every interface ([::]); install one, or leave "
-                        "--bind out and keep the cluster on a private network or behind a firewall")
+        raise BindError("--bind: listening on one address (127.0.0.1 unless --bind names another) needs a C "
+                        "compiler (cc, gcc or clang, or $CC) to build a 60-line bind() shim once, because "
+                        "TensorFlow's server always listens on every interface ([::]); install one, or give --bind "
+                        "0.0.0.0 to listen on every interface, on a private network or behind a firewall")
     found = cached_shim(cc)
     if found is not None:
         return found

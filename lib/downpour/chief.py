@@ -41,13 +41,18 @@ def _stderr(message: str) -> None:
 
 
 def run_chief(config: DownpourConfig, cluster: dict[str, list[str]], out: str | None = None, resume: bool = False,
-              say: Callable[[str], None] = _stderr, where: str = "") -> int:
+              say: Callable[[str], None] = _stderr, where: str = "", ps_wait: float = 0.0,
+              after_lost_ps: bool = False, failure: dict[str, Any] | None = None) -> int:
     """The coordinator's whole job (``python -m downpour`` as chief); returns the exit code (``downpour.faults``).
 
     Every error ends here with one message (``say``; ``where`` is appended to failures: the log file's name) and a
     code: 2 bad input (cluster, job, masks, data that does not fit the model or cannot be read), 3 tasks
     unreachable, 4 ``--resume`` refused, 75 a ps task lost, 1 anything else (its traceback on standard error,
-    which ``python -m downpour`` sends to the log file).
+    which ``python -m downpour`` sends to the log file). ``ps_wait`` > 0: the caller starts the chief again with
+    ``--resume`` after a lost ps (``python -m downpour`` does); the line says so. ``after_lost_ps``: this is that
+    chief; it waits up to ``ps_wait`` for the ps tasks (75 if one is not back), restores the last checkpoint and
+    skips reading every worker's whole data again. Each lost ps is also appended to ``<out>.faults.json`` (what was
+    lost, the updates to redo), across those restarts; ``failure`` (a dict) is filled with what the chief knew.
     """
     from downpour.cluster import check_parameter_server_cluster, wait_for_tasks
     from downpour.data import dataset_function
@@ -62,11 +67,16 @@ def run_chief(config: DownpourConfig, cluster: dict[str, list[str]], out: str | 
         say(str(e))
         return faults.EXIT_BAD_INPUT
     try:
-        wait_for_tasks(cluster, timeout=config.start_timeout)
+        wait_for_tasks(cluster, timeout=max(config.start_timeout, ps_wait) if after_lost_ps else config.start_timeout)
     except TimeoutError as e:
+        if after_lost_ps:
+            say(f"{e}: a ps task lost is not back within --ps-wait {ps_wait:g} s; restart it, then the chief with "
+                f"--resume to continue from the last checkpoint")
+            return faults.EXIT_PS_LOST
         say(str(e))
         return faults.EXIT_UNREACHABLE
     trainer = _Chief(config, cluster, f"{out}.progress.json" if out else None, say)
+    trainer.ps_wait, trainer.data_checked = ps_wait, after_lost_ps
     try:
         trainer.set_up(resume)
     except ResumeRefused as e:
@@ -74,31 +84,41 @@ def run_chief(config: DownpourConfig, cluster: dict[str, list[str]], out: str | 
         return faults.EXIT_RESUME_REFUSED
     except ValueError as e:
         if "\n" in str(e):  # not one of this package's one-line refusals: TensorFlow's, from tracing the job's code
-            return _failed(trainer, e, cluster, say, where)
+            return _failed(trainer, e, cluster, say, where, failure)
         say(str(e))
         return faults.EXIT_BAD_INPUT
     except Exception as e:  # noqa: BLE001 - every error ends with a message and an exit code
-        return _failed(trainer, e, cluster, say, where)
+        return _failed(trainer, e, cluster, say, where, failure)
     try:
         result = trainer.train()
         if out:
             write_json_atomic(out, result.to_json())
     except Exception as e:  # noqa: BLE001
-        return _failed(trainer, e, cluster, say, where)
+        return _failed(trainer, e, cluster, say, where, failure)
     trainer.tell_tasks_finished()
     print(f"chief: done, {result.applied_updates} updates in {result.seconds:.1f} s", flush=True)
     return faults.EXIT_OK
 
 
 def _failed(trainer: _Chief, error: BaseException, cluster: dict[str, list[str]], say: Callable[[str], None],
-            where: str) -> int:
+            where: str, known: dict[str, Any] | None = None) -> int:
     """Classify an error of set-up or training, report it in one line, and return the exit code."""
     traceback.print_exception(error, file=sys.stderr)  # the whole text, for the log file
-    lost = faults.lost_ps_tasks(error, cluster["ps"])
+    lost = faults.lost_ps_tasks(error, cluster["ps"]) or trainer.ps_tasks_restarted()
     failure = trainer.record_failure(error, lost)
+    if known is not None:
+        known.update(failure)
     if lost:
-        say(f"{', '.join(lost)} lost ({failure['error'][:160]}); restart it, then the chief with --resume to "
-            f"continue from the checkpoint of update {failure['checkpoint_version']}{where}")
+        then = (f"waiting up to {trainer.ps_wait:g} s (--ps-wait) for it to come back, then continuing"
+                if trainer.ps_wait > 0 else "restart it, then the chief with --resume to continue")
+        start = (f"from the checkpoint of update {failure['checkpoint_version']}" if failure["checkpoint_version"]
+                 else "from update 0 (no checkpoint yet)")
+        seen = failure["version_at_failure"] if failure["version_at_failure"] is not None else failure[
+            "last_polled_version"]
+        redo = seen - (failure["checkpoint_version"] or 0) if seen is not None else None
+        lost_updates = "" if redo is None else f" ({'' if failure['version_at_failure'] is not None else 'at least '}" \
+            f"{redo} update{'s' * (redo != 1)} applied since then to redo)"
+        say(f"{', '.join(lost)} lost ({failure['error'][:160]}); {then} {start}{lost_updates}{where}")
         return faults.EXIT_PS_LOST
     missing = faults.data_error(error)
     if missing is not None:
@@ -123,7 +143,10 @@ class _Chief:
         self.last_version = 0
         self.checkpoint_version: int | None = None
         self.ps: PsVariables | None = None
+        self.ps_wait = 0.0
+        self.data_checked = False  # True: a chief started again after a lost ps (the workers' data was read once)
         self.born = time.perf_counter()
+        self.started_at = time.time()  # this chief process's start (a chief started again has a later one)
 
     def log(self, what: str) -> None:
         """One progress line on stdout, with the seconds since the chief started."""
@@ -135,25 +158,61 @@ class _Chief:
         if self.progress_path:
             write_json_atomic(self.progress_path, {
                 "version": self.last_version, "functions_done": self.state["functions_done"],
-                "checkpoint_version": self.checkpoint_version,
+                "checkpoint_version": self.checkpoint_version, "attempt": len(self.state["attempts"]),
+                "chief_started": self.started_at,
+                "restored_version": self.state["attempts"][-1]["restored_version"] if self.state["attempts"] else None,
                 "version_task": short_device(self.ps.version.device) if self.ps else None,
                 "workers_lost": self.workers_lost, **extra}, durable=False)
 
     def record_failure(self, error: BaseException, lost: list[str]) -> dict[str, Any]:
         """What the chief knew when ``error`` ended it, also written to the progress file."""
         at_failure = None
-        if self.ps is not None:
-            try:  # exact when the counter lives on a ps task that is still alive
-                at_failure = int(self.ps.version.numpy())
+        if self.ps is not None and lost:
+            try:  # exact when the counter lives on a ps task that is still alive (and kept its state)
+                at_failure = self.counter(deadline=5.0)
             except Exception:  # noqa: BLE001 - the counter's task may be the lost one
                 pass
         failure = {"error": faults.first_line(error), "lost": lost, "version_at_failure": at_failure,
-                   "last_polled_version": self.last_version, "checkpoint_version": self.checkpoint_version}
+                   "last_polled_version": self.last_version, "checkpoint_version": self.checkpoint_version,
+                   "attempt": len(self.state["attempts"]), "time": time.time()}
         try:
             self.write_progress(failure=failure)
+            if lost and self.progress_path:  # every lost ps of the job, across the chief's restarts
+                from downpour.jsonio import read_json
+
+                path = self.progress_path.removesuffix(".progress.json") + ".faults.json"
+                write_json_atomic(path, [*read_json(path, []), failure])
         except OSError:
             pass
         return failure
+
+    def counter(self, deadline: float = faults.CALL_DEADLINE_S) -> int:
+        """The update counter, read from its ps task within ``deadline`` seconds (else ``faults.CallTimeout``)."""
+        assert self.ps is not None
+        return int(faults.with_deadline(self.ps.version.numpy, deadline, "reading the update counter"))
+
+    def ps_tasks_restarted(self, deadline: float = 10.0) -> list[str]:
+        """The ps tasks (``"ps:i"``) that answer but no longer hold this chief's variables: started again (by a
+        supervisor) before the chief saw them go, so a failed call reached a new, empty task. Asked of one variable
+        per task (``VarIsInitializedOp``, a few bytes), each within ``deadline``; ``[]`` before the variables exist."""
+        if self.ps is None:
+            return []
+        import tensorflow as tf
+
+        by_task: dict[str, Any] = {}
+        for v in [*(s for row in self.ps.shards for s in row), *self.ps.shared_state, self.ps.version]:
+            by_task.setdefault(short_device(v.device), v)
+        gone = []
+        for task, v in sorted(by_task.items()):
+            def ask(v: Any = v) -> bool:
+                with tf.device(v.device):
+                    return bool(tf.raw_ops.VarIsInitializedOp(resource=v.handle).numpy())
+            try:
+                if not faults.with_deadline(ask, deadline, f"asking {task} for its variables"):
+                    gone.append(task)
+            except Exception:  # noqa: BLE001 - any error or no answer: the task is not the one we set up
+                gone.append(task)
+        return gone
 
     def tell_tasks_finished(self) -> None:
         """Write ``CHIEF_FINISHED`` into every ps and worker task's log (a ``tf.print`` run on each task), so that
@@ -176,7 +235,7 @@ class _Chief:
                     return tf.constant(0)
 
                 try:
-                    mark().numpy()  # waits until the task has printed it
+                    faults.with_deadline(lambda mark=mark: mark().numpy(), 10.0, f"telling {job}:{i}")  # printed: returns
                 except Exception:  # noqa: BLE001 - a task that is gone cannot be told
                     pass
 
@@ -214,13 +273,14 @@ class _Chief:
                       if config.checkpoint_dir else None)
         self.restored = None
         if resume and self.store is not None:
-            found = self.store.restore(self.checkpoint, ps.version)
+            found = faults.with_deadline(lambda: self.store.restore(self.checkpoint, ps.version),
+                                         faults.SAVE_DEADLINE_S, "restoring the checkpoint")
             if found is not None:
                 self.restored, self.state = found
             else:
                 self.log(f"--resume: no checkpoint in {config.checkpoint_dir} yet; starting from update 0")
         self.checkpoint_version = self.restored if self.restored is not None else 0
-        self.last_version = int(ps.version.numpy())
+        self.last_version = self.counter()
         self.state["attempts"].append({
             "resumed": self.restored is not None, "restored_version": self.restored,
             "restored_functions": self.state["functions_done"] if self.restored is not None else 0})
@@ -251,6 +311,9 @@ class _Chief:
         except Exception as e:  # noqa: BLE001 - a file the chief cannot read, or cannot parse
             raise ValueError(f"data: the chief cannot read the test split ({', '.join(split_files(config, 'test'))})"
                              f": {faults.first_line(e)}") from None
+        if self.data_checked:
+            self.log("data checked against the model's inputs on the chief (the workers' data was checked before)")
+            return spec
         check_workers(model, config, len(self.cluster["worker"]))
         self.log(f"data checked against the model's inputs on the chief and on {len(self.cluster['worker'])} "
                  f"worker(s)")
@@ -281,7 +344,7 @@ class _Chief:
         assert ps is not None
         snapshots = []
         if not self.state["curve"] and config.eval_every:
-            snapshots.append((0.0, *ps.snapshot()))
+            snapshots.append((0.0, *self.snapshot()))
         functions = config.functions
         per_checkpoint = (max(1, -(-config.checkpoint_every // config.pushes_per_function))
                           if config.checkpoint_every else functions)
@@ -298,17 +361,18 @@ class _Chief:
             while not coordinator.done():
                 time.sleep(0.1)
                 self.watch_workers()
-                self.last_version = int(ps.version.numpy())
+                self.last_version = self.counter()
                 self.write_progress(in_flight=end - done, steady=steady_from is not None)
                 if next_eval is not None and self.last_version >= next_eval:
-                    snapshots.append((time.perf_counter() - clock, *ps.snapshot()))
+                    snapshots.append((time.perf_counter() - clock, *self.snapshot()))
                     next_eval = (self.last_version // config.eval_every + 1) * config.eval_every
             coordinator.join()
             self.log(f"{end} functions done")
             for value in scheduled:
-                self._record(value.fetch(), time.perf_counter() - clock)
+                self._record(faults.with_deadline(value.fetch, faults.CALL_DEADLINE_S, "a function's result"),
+                             time.perf_counter() - clock)
             done = self.state["functions_done"] = end
-            self.last_version = int(ps.version.numpy())
+            self.last_version = self.counter()
             if steady_from is None and (done >= warmup or self.restored):
                 steady_from = (time.perf_counter(), done, self.last_version)
                 self.write_progress(steady=True)
@@ -318,15 +382,21 @@ class _Chief:
                 snapshots = []
                 self.state["checkpoints"].append({"version": self.last_version, "functions": done,
                                                   "seconds": self.state["elapsed"]})
-                self.store.save(self.checkpoint, self.last_version, self.state)
+                faults.with_deadline(lambda: self.store.save(self.checkpoint, self.last_version, self.state),
+                                     faults.SAVE_DEADLINE_S, "writing a checkpoint")
                 self.checkpoint_version = self.last_version
             self.write_progress(steady=steady_from is not None)
         elapsed = time.perf_counter() - clock
         self.write_progress(steady=steady_from is not None, finished=True)
-        final = ps.snapshot()
+        final = self.snapshot()
         snapshots.append((elapsed, *final))
         self._evaluate_into_curve(snapshots)
         return self._result(elapsed, steady_from, final)
+
+    def snapshot(self) -> tuple[int, list[np.ndarray], list[np.ndarray]]:
+        """``PsVariables.snapshot`` (the counter and every value, read from the ps), within ``SAVE_DEADLINE_S``."""
+        assert self.ps is not None
+        return faults.with_deadline(self.ps.snapshot, faults.SAVE_DEADLINE_S, "reading the model from the ps")
 
     def _record(self, value: dict[str, Any], seconds: float) -> None:
         worker = int(value["worker"])

@@ -4,7 +4,7 @@ A job is a JSON object of ``DownpourConfig`` fields (``read_job`` reads it from 
 job only by name, ``"module:function"`` (``load_callable``), so that every process can import it: the model
 builder, the dataset function, the loss, the gradient transform and the mask function.
 
-``DownpourConfig(model="examples.ps_tabular.model:build", data="examples.ps_tabular.data:dataset",
+``DownpourConfig(model="downpour.examples.tabular.model:build", data="downpour.examples.tabular.data:dataset",
 data_kwargs={"folder": "build/tabular"}, optimizer="adam", learning_rate=1e-3, freeze=["encoder"])``
 """
 

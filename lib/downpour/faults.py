@@ -1,8 +1,8 @@
 """Exit codes of every task, and which errors mean a lost ps task (TensorFlow's typed errors, then a probe).
 
 A push, a fetch or the chief's own read fails with a typed ``tf.errors.OpError`` when a ps task is gone:
-``UnavailableError`` (the connection failed), ``AbortedError`` or ``CancelledError`` (the remote call was cut
-off), or the coordinator's own ``PSUnavailableError``. A shape error (``InvalidArgumentError``), an
+``UnavailableError`` (the connection failed; the coordinator's own ``PSUnavailableError`` is one), ``AbortedError``
+or ``CancelledError`` (the remote call was cut off). A shape error (``InvalidArgumentError``), an
 out-of-memory error (``ResourceExhaustedError``) or a missing file (``NotFoundError``) never counts as a lost
 ps, whatever its text says. A typed connection error counts only when a ps task is also found down: its port
 refuses connections (``lost_ps_tasks``), so a flaky connection to a healthy ps is an ordinary failure.
@@ -27,7 +27,51 @@ EXIT_PORT_IN_USE = 5
 """A ps or worker task cannot listen: its port is in use by another process (stop it, or give the task another
 port in ``TF_CONFIG``)."""
 EXIT_PS_LOST = 75
-"""A ps task was lost: restart it, then the chief with ``--resume`` (``EX_TEMPFAIL``)."""
+"""A ps task was lost and did not come back within ``--ps-wait``: restart it, then the chief with ``--resume``
+(``EX_TEMPFAIL``). Within ``--ps-wait`` the chief waits for it and continues from the last checkpoint itself."""
+
+PS_WAIT_S = 300.0
+"""The chief's default ``--ps-wait``: how long it waits for a lost ps task to come back before it gives up (exit 75).
+Long enough for a supervisor (``python -m downpour local``, systemd, Kubernetes) to start the task again, TensorFlow's
+start-up included, on a busy machine or a replacement one; short enough that a ps task gone for good ends the job
+with a line saying what to do, rather than a chief waiting without end."""
+CALL_DEADLINE_S = 60.0
+"""The longest the chief waits for one call to a task (a counter read, a function's result, a snapshot)."""
+SAVE_DEADLINE_S = 300.0
+"""The longest the chief waits for a checkpoint to be written or restored (it reads every variable)."""
+
+
+class CallTimeout(TimeoutError):
+    """A call from the chief to a task did not return within its deadline (a dead or hung peer)."""
+
+
+def with_deadline(call: Callable[[], Any], seconds: float, what: str) -> Any:
+    """``call()``, or a ``CallTimeout`` naming ``what`` when it has not returned within ``seconds``.
+
+    The call runs in a daemon thread: a remote call to a dead peer that never returns (gRPC can wait "forever")
+    is left behind, and the chief goes on to classify the fault and exit or start again.
+
+    >>> with_deadline(lambda: 2 + 2, 1.0, "a sum")
+    4
+    """
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+
+    thread = threading.Thread(target=run, name=f"deadline: {what}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise CallTimeout(f"{what}: no answer within {seconds:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def error_chain(error: BaseException) -> list[BaseException]:
@@ -47,14 +91,8 @@ def connection_errors() -> tuple[type, ...]:
     """TensorFlow's typed errors for a remote task that went away."""
     import tensorflow as tf
 
-    types: list[type] = [tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError]
-    try:
-        from tensorflow.python.distribute.coordinator.cluster_coordinator import PSUnavailableError
-
-        types.append(PSUnavailableError)
-    except ImportError:  # pragma: no cover - a TensorFlow without it
-        pass
-    return tuple(types)
+    # the coordinator's own PSUnavailableError subclasses UnavailableError: caught here without naming it
+    return (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError, CallTimeout)
 
 
 def lost_ps_tasks(error: BaseException, ps_addresses: list[str], probe: Callable[[str], bool] | None = None,

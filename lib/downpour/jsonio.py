@@ -1,4 +1,4 @@
-"""Files written whole or not at all, and JSON read back (standard library only; the study's reports use it too).
+"""Files written whole or not at all, and JSON read back (standard library only).
 
 ``atomic_write`` writes through a temporary file in the same folder, renamed over the target: a reader sees the old
 file or the new one, whole, and a failed write leaves no temporary file. ``write_json_atomic`` does that for JSON,

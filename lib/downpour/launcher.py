@@ -116,7 +116,9 @@ def _launch(config: DownpourConfig, cluster: Any, timeout_s: float, injected: Fa
         progress = Path(f"{out}.progress.json")
         job_path.write_text(json.dumps(job))
         cpu_before = {name: cpu_seconds(pid) for name, pid in tasks.items()}
-        args = ("--job", str(job_path), "--out", str(out))
+        # --ps-wait 0: a lost ps ends the chief (exit 75) and this launcher restarts the ps, then the chief, so that
+        # each injected fault is one event it can account for (python -m downpour local leaves it to the chief)
+        args = ("--job", str(job_path), "--out", str(out), "--ps-wait", "0")
         chief = cluster.start_chief(args, spec=spec)
         started = time.monotonic()
         faults = [f for f in (("worker", 0, injected.worker_at), ("ps", None, injected.ps_at),

@@ -5,7 +5,7 @@
 ``tf.distribute.Server`` cannot be shut down from inside its process. ``GRPC_FAIL_FAST=use_caller`` is set for
 every task, as the TensorFlow tutorial does. With ``bind="auto"`` (default) every task listens on 127.0.0.1 only
 (``downpour.bind``, Linux with a C compiler); where that cannot be enforced ``LocalCluster`` refuses to start,
-naming why, unless ``bind=None`` accepts TensorFlow's default of every interface. Each task's terminal output
+naming why, unless ``bind=None`` accepts TensorFlow's default of every interface (``--bind 0.0.0.0``). Each task's terminal output
 (its one-line messages) goes to ``<logs>/<job><index>.log``, the rest of its output (TensorFlow's) to
 ``<logs>/<job>-<index>-<port>.log``.
 
@@ -131,7 +131,7 @@ class LocalCluster:
 
     def command(self, job: str, index: int, args: tuple[str, ...] = ()) -> list[str]:
         """The command line of one task (its environment adds ``TF_CONFIG``). ``cluster.command("ps", 0)``"""
-        flags = ["--local", "--log-dir", str(self.logs)] + (["--bind", self.bind] if self.bind else [])
+        flags = ["--local", "--log-dir", str(self.logs), "--bind", self.bind or "0.0.0.0"]
         if job == "worker":
             flags += ["--worker-threads", str(self.worker_threads)] + ([] if self.pin_workers else ["--no-pin"])
         if job == "ps":
@@ -142,7 +142,7 @@ class LocalCluster:
                spec: dict[str, list[str]] | None = None) -> subprocess.Popen:
         env = dict(os.environ, GRPC_FAIL_FAST="use_caller", TF_CPP_MIN_LOG_LEVEL="2",
                    TF_CONFIG=self.tf_config(job, index, spec))
-        if self.bind:
+        if self.bind and not bind_address.every_interface(self.bind):
             env = bind_address.environment(self.bind, env)
         # freezing.enable_determinism in the caller sets this; it would make tf.timestamp raise in the tasks, and
         # asynchronous training is not reproducible anyway (the order of the pushes is set by timing)

@@ -11,7 +11,9 @@ A ps or worker task serves until it is ended (Ctrl-C, or a signal); it imports n
 graphs). The chief is the coordinator: it reads the job (a JSON object of ``DownpourConfig`` fields, or a path to
 one), waits for every task (a timeout names the missing ones), checks the data against the model on itself and
 on every worker, puts the variables on the ps tasks, schedules the Downpour worker loop and writes its
-measurements to ``--out``. ``--bind`` makes the task listen on that address only (``downpour.bind``).
+measurements to ``--out``. A task listens on 127.0.0.1 only unless ``--bind`` names another address of this
+machine (its private address, for several machines); ``--bind 0.0.0.0`` or ``::`` listens on every interface and
+says so in a warning line (``downpour.bind``).
 ``LocalCluster`` runs exactly these commands; ``lib/downpour/README.md`` walks through running them by hand,
 on one machine and on several.
 
@@ -20,8 +22,13 @@ tracebacks) to its log file in ``--log-dir``, which every error message names (`
 
 Exit codes (``downpour.faults``): 0 done; 1 the chief failed (one line; the traceback is in the log file); 2 bad
 ``TF_CONFIG``, flag, job or data file; 3 tasks unreachable; 4 ``--resume`` refused (checkpoint and sidecar
-disagree); 5 a ps or worker task's port is in use; 75 a ps task was lost (restart it, then the chief with
-``--resume``); 130 stopped by Ctrl-C (SIGINT).
+disagree); 5 a ps or worker task's port is in use; 75 a ps task was lost and not back within ``--ps-wait``
+(restart it, then the chief with ``--resume``); 130 stopped by Ctrl-C (SIGINT). Within ``--ps-wait`` (default
+300 s) the chief waits for a lost ps task and, once it answers, starts itself again with ``--resume``: the last
+checkpoint is restored onto the tasks and the job goes on, with no human step.
+
+``python -m downpour local --job JOB --workers 2 --ps 2`` runs every task of a job on this machine and starts
+again any that dies (``downpour.supervisor``).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ if TYPE_CHECKING:
     from downpour.console import Console
 
 PROG = "python -m downpour"
+PS_WAIT_S = faults.PS_WAIT_S
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,14 +53,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--job", help="chief only: DownpourConfig fields as JSON, or a path to a JSON file")
     parser.add_argument("--out", help="chief only: where to write the measurements (JSON)")
     parser.add_argument("--resume", action="store_true", help="chief only: restore the last checkpoint first")
-    parser.add_argument("--bind", help="listen on this address only, e.g. 127.0.0.1 or a private 10.x address "
-                                       "(TensorFlow alone listens on every interface, IPv4 and IPv6)")
+    parser.add_argument("--ps-wait", type=float, default=PS_WAIT_S, metavar="SECONDS",
+                        help=f"chief only: when a ps task is lost, wait this long for it to come back, then restore "
+                             f"the last checkpoint onto it and continue (default {PS_WAIT_S:g}; 0: exit 75 at once)")
+    parser.add_argument("--bind", help="listen on this address only (default 127.0.0.1: this machine only); on "
+                                       "several machines, the machine's private address such as 10.0.0.5; 0.0.0.0 "
+                                       "or :: listens on every interface (TensorFlow's own behaviour; warns)")
     parser.add_argument("--log-dir", help="where the task's log file goes (TensorFlow's output, tracebacks); "
                                           "default $TMPDIR/downpour-<uid>")
     parser.add_argument("--worker-threads", type=int, default=1, help="worker only: intra-op threads (default 1)")
     parser.add_argument("--ps-threads", type=int, default=1, help="ps only: intra-op threads (default 1)")
     parser.add_argument("--no-pin", action="store_true", help="worker only: do not pin a 1-thread worker to a core")
     parser.add_argument("--local", action="store_true", help=argparse.SUPPRESS)  # started by LocalCluster
+    parser.add_argument("--after-lost-ps", action="store_true", help=argparse.SUPPRESS)  # started again by itself
     return parser
 
 
@@ -64,6 +77,10 @@ def _fail(message: str, code: int = faults.EXIT_BAD_INPUT) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run the task ``TF_CONFIG`` describes; returns (for the chief: exits with) the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["local"]:  # every task of a job on this machine, supervised
+        from downpour.supervisor import main as local
+
+        return local(argv[1:])
     try:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # argparse printed the usage and what is wrong
@@ -74,24 +91,29 @@ def main(argv: list[str] | None = None) -> int:
     for flag in ("worker_threads", "ps_threads"):
         if getattr(args, flag) < 1:
             return _fail(f"--{flag.replace('_', '-')}: expected an integer >= 1; got {getattr(args, flag)}")
+    if not args.ps_wait >= 0:
+        return _fail(f"--ps-wait: expected seconds >= 0; got {args.ps_wait}")
     try:
         config = parse_tf_config()
-        if args.bind is not None:
-            address = bind.check_address(args.bind)
-            if bind.active() != address:  # start again with the checked bind() shim loaded
-                env = bind.environment(address)
-                sys.stdout.flush()
-                os.execve(sys.executable, [sys.executable, "-m", "downpour", *argv], env)
+        address = bind.check_address(args.bind) if args.bind is not None else bind.DEFAULT
+        if not bind.every_interface(address) and bind.active() != address:  # again, with the checked shim loaded
+            env = bind.environment(address)
+            sys.stdout.flush()
+            os.execve(sys.executable, [sys.executable, "-m", "downpour", *argv], env)
     except (ValueError, bind.BindError) as e:
         return _fail(str(e))
+    args.bind = None if bind.every_interface(address) else address  # the address to check once listening
     role, index = config["task"]["type"], config["task"]["index"]
     task = f"{role}:{index}"
     from downpour.console import Console
 
+    port = split_address(config["cluster"][role][index])[1]
     try:
-        console = Console.open(args.log_dir, role, index, split_address(config["cluster"][role][index])[1])
+        console = Console.open(args.log_dir, role, index, port)
     except OSError as e:
         return _fail(f"--log-dir: cannot write the task's log there ({e})")
+    if args.bind is None:
+        console.say(bind.wide_warning(task, address, port))
     if role in ("ps", "worker"):
         console.stop_on_sigint(task)
         return _serve(args, config, console)
@@ -109,8 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         from downpour.chief import run_chief
         from downpour.config import job_from_dict, read_job
 
+        failure: dict = {}
         code = run_chief(job_from_dict(read_job(args.job)), config["cluster"], out=args.out, resume=args.resume,
-                         say=console.say, where=console.where())
+                         say=console.say, where=console.where(), ps_wait=args.ps_wait, after_lost_ps=args.after_lost_ps,
+                         failure=failure)
+        if code == faults.EXIT_PS_LOST and args.ps_wait > 0:
+            # resume only from a checkpoint this job wrote or restored (never an older job's in the same folder)
+            written = failure.get("checkpoint_version")
+            _start_again_after_lost_ps(argv, resume=bool(written) if written is not None else args.resume)
     except ValueError as e:
         console.say(str(e))
         code = faults.EXIT_BAD_INPUT
@@ -124,6 +152,18 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(code)  # the distributed runtime's teardown would wait on tasks that may be gone
 
 
+def _start_again_after_lost_ps(argv: list[str], resume: bool) -> None:
+    """Start this chief again in this process (``exec``), with ``--resume`` when this job has a checkpoint (else from
+    update 0): a new TensorFlow context on the tasks.
+    The new chief waits up to ``--ps-wait`` for the lost ps task (starting TensorFlow meanwhile), restores the last
+    checkpoint onto the tasks and goes on; a ps task not back by then ends it with exit 75."""
+    print("chief: starting again, to continue from the last checkpoint once every ps task answers", flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    again = [a for a in argv if a not in ("--resume", "--after-lost-ps")] + ["--resume"] * resume
+    os.execv(sys.executable, [sys.executable, "-m", "downpour", *again, "--after-lost-ps"])
+
+
 def _serve(args: argparse.Namespace, config: dict, console: Console) -> int:
     """A ps or worker task: serve until the process is ended (Ctrl-C: exit 130)."""
     from downpour import bind
@@ -131,7 +171,7 @@ def _serve(args: argparse.Namespace, config: dict, console: Console) -> int:
 
     try:
         serve(config, orphan_guard=args.local, worker_threads=args.worker_threads, pin=not args.no_pin,
-              bind=args.bind and bind.check_address(args.bind), ps_threads=args.ps_threads,
+              bind=args.bind, ps_threads=args.ps_threads,
               say=console.say, log=console.log)
     except (bind.BindError, ServeError) as e:
         console.say(f"{e}{console.where()}")

@@ -130,12 +130,13 @@ def test_entry_point_rejects_a_bad_tf_config_and_a_chief_without_a_job_with_exit
 
 @pytest.mark.slow  # over 4 s: make test-slow (CI)
 @pytest.mark.skipif(not bind.available(), reason="--bind needs Linux and a C compiler")
-def test_a_task_started_by_hand_with_bind_listens_there_only_and_without_it_on_every_interface(alive, tmp_path):
+def test_a_task_started_by_hand_listens_on_loopback_only_unless_bind_0_0_0_0_asks_for_every_interface(alive, tmp_path):
+    """The audit's method: the listening sockets of each task's port, read from /proc/net/tcp and tcp6."""
     ports = free_ports(2)
     spec = {"ps": [f"localhost:{ports[0]}"], "worker": [f"localhost:{ports[1]}"]}
     started = []
     try:
-        for job, flags in (("ps", ["--bind", "127.0.0.1"]), ("worker", [])):
+        for job, flags in (("ps", []), ("worker", ["--bind", "0.0.0.0"])):
             config = json.dumps({"cluster": spec, "task": {"type": job, "index": 0}})
             with open(tmp_path / f"{job}.log", "w") as log:
                 started.append(subprocess.Popen([sys.executable, "-m", "downpour", *flags], start_new_session=True,
@@ -145,13 +146,16 @@ def test_a_task_started_by_hand_with_bind_listens_there_only_and_without_it_on_e
         deadline = time.monotonic() + 60  # the task prints its line once it has checked where it listens
         while "serving ps:0" not in (tmp_path / "ps.log").read_text() and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert {bind.plain(a) for a in bind.listening(ports[0])} == {"127.0.0.1"}
-        assert bind.describe(bind.listening(ports[1])).startswith("every interface")  # TensorFlow's default
+        assert {bind.plain(a) for a in bind.listening(ports[0])} == {"127.0.0.1"}  # no --bind: loopback only
+        assert bind.describe(bind.listening(ports[1])).startswith("every interface")  # asked for, explicitly
     finally:
         for process in started:
             os.killpg(process.pid, 9)
             process.wait()
-    assert "listening on 127.0.0.1" in (tmp_path / "ps.log").read_text()
+    assert "listening on 127.0.0.1;" in (tmp_path / "ps.log").read_text()
+    assert "warning" not in (tmp_path / "ps.log").read_text()
+    warned = [line for line in (tmp_path / "worker.log").read_text().splitlines() if "warning" in line]
+    assert warned == [bind.wide_warning("worker:0", "0.0.0.0", ports[1]).join(["downpour: ", ""])], warned
     assert not any(alive(p.pid) for p in started)
     run = subprocess.run([sys.executable, "-m", "downpour", "--bind", "somewhere"], capture_output=True, text=True,
                          env=dict(os.environ, TF_CONFIG=json.dumps({"cluster": spec, "task": {"type": "ps"}})),
@@ -237,18 +241,19 @@ def test_without_a_compiler_bind_gives_one_line_and_local_cluster_refuses(tmp_pa
     empty.mkdir()
     bare = {"PATH": str(empty), "CC": "", "XDG_CACHE_HOME": str(tmp_path / "cache")}
     spec = {"ps": ["localhost:1"], "worker": ["localhost:2"]}
-    run = subprocess.run([sys.executable, "-m", "downpour", "--bind", "127.0.0.1"], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "downpour"], capture_output=True, text=True,  # loopback, by default
                          env={**os.environ, **bare, "TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": "ps"}})},
                          timeout=120)
     assert run.returncode == 2 and run.stdout == ""
-    assert run.stderr.splitlines() == ["downpour: --bind: needs a C compiler (cc, gcc or clang, or $CC) to build a "
-                                       "60-line bind() shim once, because TensorFlow's server always listens on "
-                                       "every interface ([::]); install one, or leave --bind out and keep the "
-                                       "cluster on a private network or behind a firewall"], run.stderr
+    assert run.stderr.splitlines() == ["downpour: --bind: listening on one address (127.0.0.1 unless --bind names "
+                                       "another) needs a C compiler (cc, gcc or clang, or $CC) to build a 60-line "
+                                       "bind() shim once, because TensorFlow's server always listens on every "
+                                       "interface ([::]); install one, or give --bind 0.0.0.0 to listen on every "
+                                       "interface, on a private network or behind a firewall"], run.stderr
     for name, value in bare.items():
         monkeypatch.setenv(name, value)
-    with pytest.raises(bind.BindError, match=r"LocalCluster: cannot keep the tasks on loopback \(--bind: needs a C "
-                                             r"compiler.*pass bind=None to let them listen on every interface"):
+    with pytest.raises(bind.BindError, match=r"LocalCluster: cannot keep the tasks on loopback \(--bind: listening "
+                                             r"on one address.*needs a C compiler.*pass bind=None to let them listen on every interface"):
         LocalCluster(workers=1, ps=1)
 
 

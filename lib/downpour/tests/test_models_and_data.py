@@ -16,7 +16,6 @@ import tensorflow as tf
 import downpour
 from downpour import KERAS_OPTIMIZERS, DownpourConfig, PsVariables, build_model, faults
 
-REPO = Path(downpour.__file__).parents[1]  # the repository: examples/ (the README's jobs)
 
 
 # -- sparse gradients, several inputs, data against the model --------------------------------------------------
@@ -95,16 +94,14 @@ def test_a_two_input_model_with_an_embedding_trains_in_the_local_loop_with_spars
     from downpour.worker import gradient_kinds, worker_function
     from downpour.data import element_spec, train_dataset
 
-    repo = REPO
-    monkeypatch.syspath_prepend(str(repo))
-    from examples.ps_tokens.data import write
+    from downpour.examples.tokens.data import write
 
     folder = write(tmp_path, workers=1, per_worker=200, test=40)
     for sparse_push in (True, False):
-        job = DownpourConfig(model="examples.ps_tokens.model:build", data="examples.ps_tokens.data:dataset",
+        job = DownpourConfig(model="downpour.examples.tokens.model:build", data="downpour.examples.tokens.data:dataset",
                              data_kwargs={"folder": str(folder)}, loss={"class_name": "BinaryCrossentropy",
                                                                         "config": {"from_logits": True}},
-                             optimizer="adam", learning_rate=0.01, masks="examples.ps_tokens.model:new_tokens_only",
+                             optimizer="adam", learning_rate=0.01, masks="downpour.examples.tokens.model:new_tokens_only",
                              batch=16, n_fetch=2, n_push=2, steps_per_function=4, sparse_push=sparse_push)
         model = build_model(job)
         ps = PsVariables(model, job)
@@ -146,16 +143,15 @@ def test_an_embedding_is_fetched_as_the_rows_the_next_batches_look_up_and_trains
     from downpour.model import row_inputs
     from downpour.worker import gradient_kinds, worker_function
 
-    monkeypatch.syspath_prepend(str(REPO))
-    from examples.ps_tokens.data import write
+    from downpour.examples.tokens.data import write
 
     folder = write(tmp_path, workers=1, per_worker=200, test=40)
     runs = {}
     for sparse_fetch in (True, False):
-        job = DownpourConfig(model="examples.ps_tokens.model:build", data="examples.ps_tokens.data:dataset",
+        job = DownpourConfig(model="downpour.examples.tokens.model:build", data="downpour.examples.tokens.data:dataset",
                              data_kwargs={"folder": str(folder)}, loss={"class_name": "BinaryCrossentropy",
                                                                         "config": {"from_logits": True}},
-                             optimizer="adam", learning_rate=0.01, masks="examples.ps_tokens.model:new_tokens_only",
+                             optimizer="adam", learning_rate=0.01, masks="downpour.examples.tokens.model:new_tokens_only",
                              batch=16, n_fetch=4, n_push=2, steps_per_function=8, shuffle_buffer=1,
                              sparse_fetch=sparse_fetch)
         model = build_model(job)
@@ -186,8 +182,7 @@ def test_an_embedding_is_fetched_as_the_rows_the_next_batches_look_up_and_trains
 def test_data_that_does_not_fit_the_model_is_one_line_naming_what_was_expected_and_found(data, message, monkeypatch):
     from downpour.data import check_split
 
-    monkeypatch.syspath_prepend(str(REPO))
-    model = "examples.ps_tabular.model:build" if "features" in data else "examples.ps_tokens.model:build"
+    model = "downpour.examples.tabular.model:build" if "features" in data else "downpour.examples.tokens.model:build"
     job = DownpourConfig(model=model, data=data)
     with pytest.raises(ValueError, match=re.escape(message)):
         check_split(build_model(job), job, "train")
@@ -196,10 +191,9 @@ def test_data_that_does_not_fit_the_model_is_one_line_naming_what_was_expected_a
 def test_the_files_a_dataset_reads_are_named_from_its_graph_without_reading_them(tmp_path, monkeypatch):
     from downpour.data import split_files
 
-    monkeypatch.syspath_prepend(str(REPO))
-    tokens = DownpourConfig(data="examples.ps_tokens.data:dataset", data_kwargs={"folder": "/nowhere"})
+    tokens = DownpourConfig(data="downpour.examples.tokens.data:dataset", data_kwargs={"folder": "/nowhere"})
     assert split_files(tokens, "train", 1, 2) == ["/nowhere/train-1.tfrecord"]
-    tabular = DownpourConfig(data="examples.ps_tabular.data:dataset", data_kwargs={"folder": "/nowhere"})
+    tabular = DownpourConfig(data="downpour.examples.tabular.data:dataset", data_kwargs={"folder": "/nowhere"})
     assert split_files(tabular, "test") == ["/nowhere/test.csv"]
     mnist = DownpourConfig(data="downpour.data:idx", data_kwargs={"folder": "/nowhere"})
     assert split_files(mnist, "train") == ["/nowhere/train-images-idx3-ubyte", "/nowhere/train-labels-idx1-ubyte"]

@@ -25,7 +25,6 @@ from downpour.local import free_ports
 from downpour.variables import count_update
 
 LIB = Path(downpour.__file__).parent
-REPO = LIB.parents[1]  # the repository: examples/ (the README's jobs)
 MLP = "downpour.examples:mnist_mlp"
 
 
@@ -44,7 +43,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_every_module_imports_only_modules_listed_before_it_so_there_is_no_cycle():
-    files = {p.stem: p for p in LIB.glob("*.py") if p.stem != "__init__"}
+    files = {p.stem: p for p in LIB.glob("*.py") if p.stem != "__init__"} | {"examples": LIB / "examples" / "__init__.py"}
     assert {f"downpour.{name}" for name in files} == set(downpour.MODULES)
     for position, module in enumerate(downpour.MODULES):
         later = set(downpour.MODULES[position:])
@@ -53,22 +52,32 @@ def test_every_module_imports_only_modules_listed_before_it_so_there_is_no_cycle
 
 def test_the_package_needs_tensorflow_keras_numpy_and_freezing_only():
     """A package of its own: no module imports the study (or anything but the standard library, TensorFlow, Keras,
-    NumPy and ``freezing``), and its project declares exactly those it needs besides TensorFlow's build."""
-    import tomllib
+    NumPy and ``freezing``; the tabular example's data also scikit-learn, its ``examples`` extra), and its project
+    declares exactly those it needs besides TensorFlow's build, and ships its LICENSE."""
+    import importlib.metadata
 
     allowed = {"downpour", "tensorflow", "keras", "numpy", "freezing", *sys.stdlib_module_names}
-    for path in LIB.glob("*.py"):
+    for path in [*LIB.glob("*.py"), *LIB.glob("examples/**/*.py")]:
+        may = allowed | ({"sklearn"} if path.parts[-3:] == ("examples", "tabular", "data.py") else set())
         tops = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 tops |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 tops.add(node.module.split(".")[0])
-        assert tops <= allowed, (path.name, tops - allowed)
-    project = tomllib.loads((LIB / "pyproject.toml").read_text())["project"]
-    assert project["name"] == "freezing-downpour" and project["readme"] == "README.md"  # PyPI's "downpour" is not it
-    assert sorted(d.split(">")[0] for d in project["dependencies"]) == ["freezing", "keras"]
-    assert re.fullmatch(r"\d+\.\d+\.\d+", downpour.__version__)
+        assert tops <= may, (path.name, tops - may)
+    # what is installed says so (editable here, or a wheel in a clean venv: make test-downpour)
+    meta = importlib.metadata.metadata("freezing-downpour")  # PyPI's "downpour" is another project
+    requires = meta.get_all("Requires-Dist")
+
+    def name(requirement: str) -> str:
+        return re.match(r"[A-Za-z0-9_.-]+", requirement).group(0)
+
+    assert sorted(name(r) for r in requires if "extra ==" not in r) == ["freezing", "keras", "numpy"], requires
+    assert "scikit-learn" in [name(r) for r in requires if 'extra == "examples"' in r], requires
+    assert meta["Version"] == downpour.__version__ and re.fullmatch(r"\d+\.\d+\.\d+", downpour.__version__)
+    assert "Apache License" in (LIB / "LICENSE").read_text()[:200]
+    assert "An asynchronous parameter server" in (meta["Description"] or meta.get_payload())  # README.md
 
 
 def test_the_dependency_free_modules_examples_run_and_a_failed_write_leaves_the_old_file(tmp_path):
@@ -338,6 +347,19 @@ def test_a_lost_ps_is_a_typed_connection_error_and_a_port_that_is_down(addresses
         assert faults.lost_ps_tasks(_ClosureError(error), [down], tries=1) == []
 
 
+def test_a_call_to_a_dead_peer_ends_at_its_deadline_and_counts_as_a_connection_error(addresses):
+    import time
+
+    down, _ = addresses
+    started = time.monotonic()
+    with pytest.raises(faults.CallTimeout, match=r"^reading the update counter: no answer within 0.2 s$") as caught:
+        faults.with_deadline(lambda: time.sleep(30), 0.2, "reading the update counter")
+    assert time.monotonic() - started < 5  # the hung call is left behind, not waited for
+    assert faults.lost_ps_tasks(caught.value, [down], tries=1) == ["ps:0"]  # its task does not answer: lost
+    with pytest.raises(ZeroDivisionError):  # an error inside the call is the call's own
+        faults.with_deadline(lambda: 1 / 0, 5.0, "a division")
+
+
 # -- the bind address ---------------------------------------------------------------------------------------
 
 
@@ -360,11 +382,11 @@ def test_listening_addresses_are_read_from_proc_and_a_wider_listener_is_refused(
 
 
 def test_the_walk_through_s_job_file_is_the_one_the_docs_show_and_a_valid_job(monkeypatch):
-    repo = REPO
-    monkeypatch.syspath_prepend(str(repo))
     text = (LIB / "README.md").read_text()
     shown = json.loads(text.split("```json\n", 1)[1].split("```", 1)[0])
-    job = json.loads((repo / "examples" / "ps_tabular" / "job.json").read_text())
+    from downpour.examples import tabular
+
+    job = json.loads(tabular.JOB.read_text())
     assert shown == job
     config = DownpourConfig(**job)
     assert config.optimizer == "adam" and config.freeze == ["encoder"] and config.masked

@@ -21,10 +21,10 @@ import pytest
 
 from downpour.local import free_ports
 
-pytestmark = [pytest.mark.slow, pytest.mark.cluster]
-
 REPO = Path(__file__).resolve().parents[3]  # the README's commands run from the repository root
 DOC = REPO / "lib" / "downpour" / "README.md"
+pytestmark = [pytest.mark.slow, pytest.mark.cluster,
+              pytest.mark.skipif(not DOC.is_file(), reason="runs the README's commands in the repository")]
 DOC_PORTS = [23220, 23221, 23222, 23223, 23224]
 SECTIONS = ("## A second model, by hand", "### Several machines")
 

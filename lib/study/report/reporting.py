@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from downpour.jsonio import atomic_write, read_json  # noqa: F401 - re-exported: the report's IO helpers
+from study.report.fileio import atomic_write, read_json  # noqa: F401 - re-exported: the report's IO helpers
 
 
 def write_text(path: str | Path, text: str) -> Path:

@@ -2,7 +2,7 @@
 benign), which scikit-learn ships inside its wheel, split 80/20 stratified and standardised with the training
 split's statistics, as two CSV files. Each worker reads ``train.csv`` from its own disk.
 
-``python -m examples.ps_tabular.data build/tabular`` writes ``build/tabular/train.csv`` and ``test.csv``.
+``python -m downpour.examples.tabular.data build/tabular`` writes ``build/tabular/train.csv`` and ``test.csv``.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def dataset(split: str, folder: str) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m examples.ps_tabular.data FOLDER``: write the two CSV files."""
-    parser = argparse.ArgumentParser(prog="python -m examples.ps_tabular.data", description=main.__doc__)
+    """``python -m downpour.examples.tabular.data FOLDER``: write the two CSV files."""
+    parser = argparse.ArgumentParser(prog="python -m downpour.examples.tabular.data", description=main.__doc__)
     parser.add_argument("folder")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

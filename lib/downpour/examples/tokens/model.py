@@ -10,7 +10,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from examples.ps_tokens.data import FEATURES, LENGTH, PRETRAINED, VOCAB
+from downpour.examples.tokens.data import FEATURES, LENGTH, PRETRAINED, VOCAB
 
 
 def build(width: int = 16, vocab: int = VOCAB) -> keras.Model:
@@ -29,7 +29,7 @@ def build(width: int = 16, vocab: int = VOCAB) -> keras.Model:
 def new_tokens_only(model: keras.Model, pretrained: int = PRETRAINED) -> dict:
     """A job's ``masks`` hook: only the embedding rows of tokens ``>= pretrained`` train; the others are frozen.
 
-    ``DownpourConfig(masks="examples.ps_tokens.model:new_tokens_only")``
+    ``DownpourConfig(masks="downpour.examples.tokens.model:new_tokens_only")``
     """
     table = model.get_layer("embedding").embeddings
     keep = np.zeros(tuple(table.shape), bool)

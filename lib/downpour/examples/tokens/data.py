@@ -6,7 +6,7 @@ Each record holds ``tokens`` (``LENGTH`` token ids out of ``VOCAB``), ``numeric`
 tokens; the first numeric feature leans towards the label. So the label can be learned from the new tokens'
 embedding rows and the numeric input together.
 
-``python -m examples.ps_tokens.data build/tokens --workers 2`` writes ``train-0.tfrecord`` and
+``python -m downpour.examples.tokens.data build/tokens --workers 2`` writes ``train-0.tfrecord`` and
 ``train-1.tfrecord`` (each worker reads its own) and ``test.tfrecord``.
 """
 
@@ -92,8 +92,8 @@ def dataset(split: str, folder: str, worker: Any = None, workers: Any = None) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m examples.ps_tokens.data FOLDER [--workers 2]``: write the TFRecord files."""
-    parser = argparse.ArgumentParser(prog="python -m examples.ps_tokens.data", description=main.__doc__)
+    """``python -m downpour.examples.tokens.data FOLDER [--workers 2]``: write the TFRecord files."""
+    parser = argparse.ArgumentParser(prog="python -m downpour.examples.tokens.data", description=main.__doc__)
     parser.add_argument("folder")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)

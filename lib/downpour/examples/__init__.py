@@ -12,12 +12,17 @@ inside the scheduled ``tf.function``, just before the push.
 
 from __future__ import annotations
 
-import keras
-import tensorflow as tf
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: ``python -m downpour.examples.tabular.data`` loads no TensorFlow
+    import keras
+    import tensorflow as tf
 
 
 def mnist_mlp(hidden: int = 128, batch_norm: bool = True) -> keras.Model:
     """A functional MLP 784 -> hidden -> 10 with BatchNorm (non-trainable statistics). ``mnist_mlp(64)``"""
+    import keras
+
     inputs = keras.Input((28, 28, 1))
     h = keras.layers.Flatten(name="flatten")(inputs)
     h = keras.layers.Dense(hidden, name="fc1")(h)
