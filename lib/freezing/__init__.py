@@ -16,7 +16,6 @@ One module per idea:
                           or refuses).
 * ``loading``          -- ``load_model``: ``keras.saving.load_model`` that also restores the optimizer of a
                           model with its own ``compile`` (keras-hub tasks), masks and state included.
-* ``tuning``           -- ``WriteTuning``: where ``MaskedOptimizer`` switches between its exact constructions.
 * ``schedule``         -- ``MaskSchedule``: staged unfreezing inside one ``fit`` call.
 * ``audit``            -- ``FreezeAudit``: how many frozen entries moved, and by how much.
 * ``diagnose``         -- ``diagnose``: every cause that can move entries you believe frozen, and the fix.
@@ -50,7 +49,6 @@ from freezing.loading import load_model
 from freezing.masked_optimizer import NORMS, POLICIES, STATES, MaskedOptimizer
 from freezing.schedule import MaskSchedule
 from freezing.selection import select_variables, variable_path
-from freezing.tuning import WriteTuning
 from freezing.slots import SlotStash, reset_slots, restore_slots, slot_initial_value, slots, stash_slots
 from freezing._wrappers import unwrap, wrapper_chain
 
@@ -70,7 +68,6 @@ __all__ = [
     "POLICIES",
     "STATES",
     "SlotStash",
-    "WriteTuning",
     "diagnose",
     "enable_determinism",
     "gate",

@@ -75,11 +75,9 @@ from freezing._saving import SavedState
 from freezing._sizes import StateSizes
 from freezing._surface import InnerSurface
 from freezing._wrappers import wrapper_chain
-from freezing._restore import guarded
-from freezing._write_path import ELEMENTWISE, Guards, WritePath, entries_for, install, reset_frozen_slots
+from freezing._write_path import ELEMENTWISE, Guards, WritePath, entries_for, install, reset_frozen_slots, step
 from freezing.selection import variable_path
 from freezing.slots import slot_initial_value, slots
-from freezing.tuning import WriteTuning
 
 POLICIES = ("hold", "reset", "none")
 """hold: frozen values and all their optimizer state unchanged; reset: values unchanged, moments
@@ -208,23 +206,6 @@ class MaskedOptimizer(InnerSurface, SavedState, StateSizes, keras.optimizers.Opt
 
     def _leaves(self) -> list[keras.optimizers.Optimizer]:
         return _leaves(self.inner)
-
-    @property
-    def tuning(self) -> WriteTuning:
-        """Where this optimizer switches between its equally exact ways of writing (``freezing.WriteTuning``);
-        read when a step is traced, so set it before the first step. Not saved: it changes speed, never bits.
-
-        >>> opt = MaskedOptimizer("sgd"); opt.tuning = WriteTuning(restore_in_graphs=True)
-        >>> opt.tuning.restore_in_graphs
-        True
-        """
-        return self._guards.tuning
-
-    @tuning.setter
-    def tuning(self, value: WriteTuning) -> None:
-        if not isinstance(value, WriteTuning):
-            raise ValueError(f"MaskedOptimizer.tuning: expected a freezing.WriteTuning; got {value!r}")
-        self._guards.tuning = value
 
     @property
     def variables(self) -> list[Any]:
@@ -584,8 +565,8 @@ class MaskedOptimizer(InnerSurface, SavedState, StateSizes, keras.optimizers.Opt
 
     def _guarded(self, entries: dict[int, Any], write: Any, who: str, sparse: set[int] = frozenset()) -> None:
         """Run ``write`` (the inner optimizer's own code) so that no frozen entry of ``entries`` changes a bit
-        (``freezing._restore.guarded``)."""
-        guarded(self._guards, entries, write, who, sparse)
+        (``freezing._write_path.step``)."""
+        step(self._guards, entries, write, who, sparse)
 
 def _renamed(trainable_masks: Any, masks: Any) -> Any:
     if masks is None:

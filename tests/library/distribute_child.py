@@ -26,7 +26,8 @@ if __name__ == "__main__" and sys.argv[1:2] == ["mirrored"]:  # only as a child;
 
 import keras  # noqa: E402
 
-from freezing import MaskedOptimizer, MaskSchedule, WriteTuning, _keras_api, _write_path, diagnose, slots  # noqa: E402
+from freezing import MaskedOptimizer, MaskSchedule, _keras_api, _write_path, diagnose, slots  # noqa: E402
+from freezing._tuning import WriteTuning  # noqa: E402
 from freezing.audit import changed_bits  # noqa: E402
 
 RNG = np.random.default_rng(0)

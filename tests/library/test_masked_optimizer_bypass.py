@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import keras
-from freezing import MaskedOptimizer, WriteTuning, _keras_api, slots
+from freezing import MaskedOptimizer, _keras_api, slots
 from freezing.audit import changed_bits
 
 import keras_features
@@ -174,26 +174,25 @@ def test_no_module_but_the_compat_module_names_a_private_keras_or_tensorflow_att
     assert {name: sorted(files) for name, files in used.items() if name in theirs} == {}
 
 
-@pytest.mark.parametrize("jit", [False, True], ids=["graph", "xla"])
-@pytest.mark.parametrize("inner", ["adamw", "adafactor", "ema"])
-def test_the_snapshot_and_select_construction_gives_the_guarded_writes_bits(inner, jit, monkeypatch):
-    """What the eager step (and ``make bench``'s restore rows) runs gives the bits of the guarded write, bit for bit."""
-    from freezing import _write_path
-
+@pytest.mark.parametrize("inner", ["adamw", "ema"])
+def test_the_eager_step_gives_the_traced_steps_bits(inner):
+    """An eager step (guarded writes plus snapshot-and-select) gives the bits of the traced guarded step, bit for bit
+    (a graph's: XLA rounds differently from TensorFlow's kernels whatever the wrapper does, and so does Grappler's
+    ``x / sqrt(y)`` -> ``x * rsqrt(y)`` in Adafactor's update, unwrapped too)."""
     make = {"adamw": lambda: keras.optimizers.AdamW(0.1, weight_decay=0.1),
-            "adafactor": lambda: keras.optimizers.Adafactor(0.1),
             "ema": lambda: keras.optimizers.Adam(0.1, use_ema=True, ema_momentum=0.5, ema_overwrite_frequency=2)}[inner]
     rng = np.random.default_rng(3)
     init = rng.normal(size=SHAPE).astype("float32")
     grads = [tf.constant(rng.normal(size=SHAPE).astype("float32")) for _ in range(4)]
     masks = [rng.random(SHAPE) < 0.5 for _ in range(4)]
     results = []
-    for restore in (False, True):
+    for how in ("eager", "graph"):
         w = keras.Variable(init, name="w")
         opt = MaskedOptimizer(make())
-        opt.tuning = WriteTuning(restore_in_graphs=restore)
         opt.build([w])
-        step = tf.function(lambda g, m: opt.apply_gradients([(g, w)], trainable_masks=[m]), jit_compile=jit)
+        step = lambda g, m: opt.apply_gradients([(g, w)], trainable_masks=[m])  # noqa: E731
+        if how != "eager":
+            step = tf.function(step)
         for g, m in zip(grads, masks):
             step(g, tf.constant(m))
         results.append([w.numpy().tobytes()] + [s.numpy().tobytes() for s in slots(opt, w).values()])

@@ -12,7 +12,8 @@ import pytest
 import tensorflow as tf
 
 import keras
-from freezing import MaskedOptimizer, WriteTuning, slots
+from freezing import MaskedOptimizer, slots
+from freezing._tuning import WriteTuning
 from freezing import _masks, _write_path
 from freezing.audit import changed_bits
 
