@@ -144,36 +144,6 @@ def test_the_compat_check_verifies_the_per_variable_lists_of_the_options_that_ar
         _keras_api.check(opt)
 
 
-def test_no_module_but_the_compat_module_names_a_private_keras_or_tensorflow_attribute():
-    """Every ``_name`` the library writes as an attribute, a method it defines, or a string, outside
-    ``_keras_api.py``, is its own: none is a private attribute of a Keras optimizer, variable or model or of a
-    TensorFlow variable or graph (overrides such as ``_clip_gradients`` are installed under ``_keras_api``'s names)."""
-    import ast
-    import pathlib
-
-    import freezing
-
-    used: dict[str, set[str]] = {}
-    for path in pathlib.Path(freezing.__file__).parent.glob("*.py"):
-        if path.name == "_keras_api.py":
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = [node.attr] if isinstance(node, ast.Attribute) else [node.name] if isinstance(
-                node, ast.FunctionDef) else [node.value] if isinstance(node, ast.Constant) and isinstance(
-                node.value, str) and node.value.isidentifier() else []
-            for name in names:
-                if name.startswith("_") and not name.startswith("__"):
-                    used.setdefault(name, set()).add(path.name)
-    opt = keras.optimizers.Adam(use_ema=True, gradient_accumulation_steps=2)
-    v = keras.Variable([1.0])
-    opt.build([v])
-    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-    theirs = set()
-    for obj in (opt, keras.optimizers.SGD(), v, v.value, model, tf.Graph()):
-        theirs |= set(dir(obj))
-    assert {name: sorted(files) for name, files in used.items() if name in theirs} == {}
-
-
 @pytest.mark.parametrize("inner", ["adamw", "ema"])
 def test_the_eager_step_gives_the_traced_steps_bits(inner):
     """An eager step (guarded writes plus snapshot-and-select) gives the bits of the traced guarded step, bit for bit
