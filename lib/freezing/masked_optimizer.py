@@ -387,13 +387,14 @@ class MaskedOptimizer(InnerSurface, SavedState, StateSizes, keras.optimizers.Opt
         reset_frozen_slots(entries, self._initial)
 
     def _initial(self, slot: Any) -> float:
-        """The value ``policy="reset"`` puts back into a slot's frozen entries (``slot_initial_value``)."""
-        for leaf in self._leaves():
-            for v in _keras_api.trainable_variables(leaf):
-                for name, candidate in slots(leaf, v).items():
-                    if candidate is slot:
-                        return slot_initial_value(leaf, name)
-        return 0.0
+        """The value ``policy="reset"`` puts back into a slot's frozen entries (``slot_initial_value``), from a table
+        of every slot made once, at the first reset after build (not a scan of every slot for each slot)."""
+        table = self.__dict__.get("_initials")
+        if table is None:
+            table = {id(candidate): slot_initial_value(leaf, name) for leaf in self._leaves()
+                     for v in _keras_api.trainable_variables(leaf) for name, candidate in slots(leaf, v).items()}
+            object.__setattr__(self, "_initials", table)
+        return table.get(id(slot), 0.0)
 
     def get_mask(self, target: Any) -> np.ndarray | None:
         """Return the stored mask broadcast to the variable (True = trains), or None when there is none.
