@@ -138,3 +138,16 @@ def test_the_cycle_finder_finds_a_planted_circle():
 def test_no_freezing_module_imports_itself_round_a_circle():
     """Not even through an import inside a function (``_sizes`` -> ``slots`` -> ``masked_optimizer`` -> ``_sizes``)."""
     assert _cycles(_import_graph()) == []
+
+
+def test_the_package_ships_its_type_marker():
+    """PEP 561: ``py.typed`` sits in the package and the wheel ships it (setuptools' package data)."""
+    import tomllib
+    from pathlib import Path
+
+    import freezing
+
+    root = Path(__file__).resolve().parents[2]
+    assert (Path(freezing.__file__).parent / "py.typed").is_file()
+    config = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    assert "py.typed" in config["tool"]["setuptools"]["package-data"]["freezing"]
