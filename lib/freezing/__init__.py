@@ -8,8 +8,10 @@ One module per idea:
 * ``masked_optimizer`` -- ``MaskedOptimizer``: a Keras optimizer whose per-element masks any inner
                           optimizer honours exactly, in ``compile``/``fit``, custom loops and under
                           ``tf.distribute``; its parts: ``_masks`` (masks as state, the path each implies),
-                          ``_write_path`` (the guard: frozen bits only ever copied; the per-variable
-                          paths; the trace-time check), ``_keras_api`` (every private Keras/TensorFlow
+                          ``_write_path`` (the guard: frozen bits only ever copied; the table of the
+                          per-variable paths and the one function that chooses; the trace-time check),
+                          ``_restore`` (eager steps: the frozen bits selected back), ``_tuning`` (its
+                          thresholds: speed only, not API), ``_keras_api`` (every private Keras/TensorFlow
                           name, checked at build), ``_surface`` (the inner optimizer's options seen
                           through the wrapper), ``_saving`` (config and state), ``_sizes`` (bytes held), ``_sparse_state``
                           (state for a fixed selection only), ``_distribute`` (what each strategy runs

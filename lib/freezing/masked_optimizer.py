@@ -4,8 +4,8 @@ A stop_gradient mask freezes entries under SGD but not under Adam, momentum or w
 optimizer still moves an entry whose gradient is zero. ``MaskedOptimizer`` is a Keras optimizer that
 wraps another one (the pattern of Keras' own ``LossScaleOptimizer``) and guarantees, by construction,
 that a frozen entry keeps every bit: during its step, a frozen entry of a variable or of any optimizer
-state that belongs to it is only ever copied, never recomputed (``freezing._write_path``). Each
-variable's update takes one of three paths, chosen in the graph from its mask at every step, so a
+state that belongs to it is only ever copied, never recomputed (``freezing._write_path``, whose
+docstring tables every path). Each variable's update takes its path from its mask at every step, so a
 changed mask never retraces (``freezing._masks``): no mask -- Keras' own update; wholly frozen -- no
 update at all, slots untouched; some entries frozen -- Keras' own update with every write masked.
 
