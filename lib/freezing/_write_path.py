@@ -100,6 +100,9 @@ WRITE_METHODS = (
 )
 """The public write methods of ``tf.Variable`` the guard shadows."""
 
+DENSE = {"assign": "scatter_update", "assign_add": "scatter_add", "assign_sub": "scatter_sub"}
+"""The dense write methods (a select), each with the scatter that writes the rows of an ``IndexedSlices`` value."""
+
 GUARD_SCOPE = "freezing_guard"
 """Prefix of the name scope of an owner's own writes in a graph; each ``Guards`` adds a random suffix (its
 token), so the trace-time check tells its writes from any other op, whatever that op is named."""
@@ -252,9 +255,12 @@ class _Guard:
         with tf.name_scope(guards.token):  # in a graph: how the step's check knows this write went through here
             if target is None:  # unmasked on purpose: Keras' own update of an unmasked variable, or a copy-back
                 return self.plain(self.variable, *args, **kwargs)
-            if self.method in ("assign", "assign_add", "assign_sub"):
-                return self._dense(target, *args, fuse_above=guards.tuning.fuse_above, **kwargs)
-            return self._scatter(target, *args, **kwargs)
+            if self.method not in DENSE:
+                return self._scatter(target, *args, **kwargs)
+            if args and isinstance(args[0], tf.IndexedSlices):  # a dense method given rows: scatter them, as Keras'
+                scatter = _Guard(self.variable, DENSE[self.method], self.fused, self.owners)  # TF optimizer does
+                return scatter._scatter(target, args[0])
+            return self._dense(target, *args, fuse_above=guards.tuning.fuse_above, **kwargs)
 
     def _frozen(self, target: Target, old: tf.Tensor) -> tf.Tensor:
         if target.source is None:
@@ -263,9 +269,6 @@ class _Guard:
 
     def _dense(self, target: Target, value: Any, *args: Any, fuse_above: int = 1 << 17, **kwargs: Any) -> Any:
         var = self.variable
-        if isinstance(value, tf.IndexedSlices):  # not a dense write: scatter it like Keras' TF optimizer does
-            method = {"assign": "scatter_update", "assign_add": "scatter_add", "assign_sub": "scatter_sub"}[self.method]
-            return _Guard(var, method, self.fused, self.owners)._scatter(target, value)
         value = tf.convert_to_tensor(value, dtype=var.dtype)
         keep = target.keep()
         if target.source is None and _in_graph() and not api.in_xla() and _size(var) >= fuse_above:
