@@ -11,7 +11,7 @@ It costs a copy and a select per masked tensor whether or not anything was froze
 write (``freezing._write_path``) folds the select into each write: measured in graphs (``make bench``'s
 former ``*_restore`` rows, issue 33), the guarded write was cheaper in every row but one, so graphs keep the
 guarded write and its trace-time check, and this construction runs only where there is no trace to check:
-eager steps (``freezing._write_path.step``).
+eager steps (``freezing._write_path.write_step``).
 """
 
 from __future__ import annotations

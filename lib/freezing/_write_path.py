@@ -47,7 +47,7 @@ path          chosen when                                   how the frozen bits 
                                                             never retraces)
 ============  ============================================  =================================================
 
-An **eager step** has no trace for the check below to read, so each masked variable whose gradient is dense
+An **eager step** (``write_step``) has no trace for the check below to read, so each masked variable whose gradient is dense
 also gets the snapshot-and-select construction (``freezing._restore``): its old bits and its state's are read
 before Keras' ``apply`` and selected back after it, whatever wrote them. An ``IndexedSlices`` gradient stays a
 scatter under the guard alone (a snapshot would make the step O(size)). Under XLA, selects with an all-True
@@ -459,7 +459,7 @@ def choose(entry: Entry, tuning: WriteTuning) -> str:
     return DISPATCH
 
 
-def step(guards: Guards, entries: dict[int, Entry], write: Callable[[], Any], who: str,
+def write_step(guards: Guards, entries: dict[int, Entry], write: Callable[[], Any], who: str,
          sparse: set[int] = frozenset()) -> None:
     """Run ``write`` (the inner optimizer's own code) so that no frozen entry of ``entries`` changes a bit.
 

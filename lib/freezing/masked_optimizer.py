@@ -75,7 +75,8 @@ from freezing._saving import SavedState
 from freezing._sizes import StateSizes
 from freezing._surface import InnerSurface
 from freezing._wrappers import wrapper_chain
-from freezing._write_path import ELEMENTWISE, Guards, WritePath, entries_for, install, reset_frozen_slots, step
+from freezing import _write_path
+from freezing._write_path import ELEMENTWISE, Guards, WritePath, entries_for, install, reset_frozen_slots
 from freezing.selection import variable_path
 from freezing.slots import slot_initial_value, slots
 
@@ -566,8 +567,8 @@ class MaskedOptimizer(InnerSurface, SavedState, StateSizes, keras.optimizers.Opt
 
     def _guarded(self, entries: dict[int, Any], write: Any, who: str, sparse: set[int] = frozenset()) -> None:
         """Run ``write`` (the inner optimizer's own code) so that no frozen entry of ``entries`` changes a bit
-        (``freezing._write_path.step``)."""
-        step(self._guards, entries, write, who, sparse)
+        (``freezing._write_path.write_step``)."""
+        _write_path.write_step(self._guards, entries, write, who, sparse)
 
 def _renamed(trainable_masks: Any, masks: Any) -> Any:
     if masks is None:
