@@ -4,11 +4,12 @@ On a GPU Keras compiles ``fit`` with XLA by default, so every masked write there
 precision runs in half-precision kernels; boolean mask variables have to live somewhere. But Keras turns
 ``jit_compile="auto"`` off under any ``tf.distribute`` strategy and whenever op determinism is on, so a test that
 means XLA says ``jit_compile=True`` and checks that the model compiled with it; with determinism on Keras refuses
-even that (``model_supports_jit``), so those tests run their steps in a ``tf.function(jit_compile=True)``. Covered: ``fit`` under XLA (and
-``"auto"`` resolving to it on a GPU), under ``MirroredStrategy`` and with op determinism on; ``mixed_float16`` and
-``mixed_bfloat16``; an ``Embedding`` whose gradient repeats indices (a scatter with duplicates, nondeterministic on
-GPUs unless determinism is on); Muon with TensorFloat-32 on; subnormal and ``-0.0`` frozen entries under XLA; where
-the mask variables are placed, and which ops of a step run on another device than the variables they read.
+even that (``model_supports_jit``), so those tests run their steps in a ``tf.function(jit_compile=True)``.
+Covered: ``fit`` under XLA (and ``"auto"`` resolving to it on a GPU), under ``MirroredStrategy`` and with op
+determinism on; ``mixed_float16`` and ``mixed_bfloat16``; an ``Embedding`` whose gradient repeats indices (a scatter
+with duplicates, nondeterministic on GPUs unless determinism is on); Muon with TensorFloat-32 on; subnormal and
+``-0.0`` frozen entries under XLA; where the mask variables are placed, and which ops of a step run on another device
+than the variables they read.
 
 Without a GPU the module is skipped. ``FREEZING_GPU_TESTS_ON_CPU=1`` runs the same tests on the CPU (a check that
 the code runs; what they say about placement is then trivial).

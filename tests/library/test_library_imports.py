@@ -93,7 +93,7 @@ def test_freezing_imports_and_works_without_study_packages():
 
 
 def _import_graph() -> dict[str, set[str]]:
-    """freezing's modules -> the freezing modules each imports, at top level or inside a function (read from the AST)."""
+    """freezing's modules -> the freezing modules each imports, at top level or in a function (read from the AST)."""
     import ast
     from pathlib import Path
 

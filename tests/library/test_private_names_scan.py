@@ -3,8 +3,8 @@ attribute of Keras or TensorFlow, or imports a private module or name of theirs.
 
 Read from each module's AST, and from the code of every doctest in it:
 
-* attributes read or written (``opt._var_key``), methods defined (``def _clip_gradients`` in a class), identifier strings
-  (``getattr(o, "_x")``);
+* attributes read or written (``opt._var_key``), methods defined (``def _clip_gradients`` in a class),
+  identifier strings (``getattr(o, "_x")``);
 * import statements: ``keras.src``, ``tensorflow.python``, any ``_`` part, any ``_`` name imported from them;
 * names reached through ``_keras_api``'s constants (``setattr(cls, _keras_api.CLIP_GRADIENTS, ...)``): resolved to
   their values, and allowed only if ``_keras_api.check`` verifies them at start-up.
@@ -72,7 +72,8 @@ def scan(source: str, theirs: set[str]) -> list[str]:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
-                if parts[0] in PACKAGES and (any(_private(p) for p in parts[1:]) or parts[1:2] in (["src"], ["python"])):
+                private = any(_private(p) for p in parts[1:]) or parts[1:2] in (["src"], ["python"])
+                if parts[0] in PACKAGES and private:
                     found.append((line, f"import {alias.name}"))
         elif isinstance(node, ast.ImportFrom) and node.module:
             parts = node.module.split(".")
@@ -82,7 +83,8 @@ def scan(source: str, theirs: set[str]) -> list[str]:
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "_keras_api":
             for name in _constant_names(node.attr):
                 if name not in CHECKED:
-                    found.append((line, f"{name} through _keras_api.{node.attr}, which _keras_api.check does not verify"))
+                    found.append((line, f"{name} through _keras_api.{node.attr}, which _keras_api.check does "
+                                        "not verify"))
         else:
             names = [node.attr] if isinstance(node, ast.Attribute) else [node.name] if id(node) in methods else [
                 node.value] if isinstance(
