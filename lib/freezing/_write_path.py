@@ -398,7 +398,8 @@ def check_writes(graph: Any, start: int, guarded: Sequence[Any], token: str, who
 
 # -- the per-variable update ------------------------------------------------------------------------
 class WritePath:
-    """The shadow of one leaf optimizer's ``update_step``: the mode dispatch, the masked update and its check."""
+    """The shadow of one leaf optimizer's ``update_step``: each variable on the path ``choose`` picks (the check of
+    the whole step is ``write_step``'s)."""
 
     def __init__(self, leaf: keras.optimizers.Optimizer, guards: Guards):
         self.leaf, self.guards = leaf, guards
