@@ -21,13 +21,9 @@ run in interleaved rounds (the order rotates every round; one round = one ``fit`
 * ``unmasked`` -- ``MaskedOptimizer(Adam)`` with no mask at all: what wrapping costs by itself.
 * ``hold_adamw`` -- as ``hold`` with ``AdamW(weight_decay=0.004)``, against ``plain_adamw``: weight decay
   is a write outside ``update_step``, masked by the same guard.
-* ``hold_restore``, ``unmasked_restore``, ``hold_adamw_restore`` -- as ``hold``, ``unmasked`` and
-  ``hold_adamw`` with ``freezing.WriteTuning(restore_in_graphs=True)``: the snapshot-and-select construction
-  (old values of every masked variable and its state read, Keras' own ``apply`` untouched, the frozen
-  bits selected back) instead of the guarded write (what the guarded write buys).
-* ``hold_unfused`` -- as ``hold`` with ``WriteTuning.fuse_above`` out of reach: every guarded
+* ``hold_unfused`` -- as ``hold`` with ``fuse_above`` out of reach (``freezing._tuning``, not API): every guarded
   write as TensorFlow's add, select and assign instead of one XLA-compiled pass (what fusing buys).
-* ``frozen_half_undispatched`` -- as ``frozen_half_masks`` with ``WriteTuning.dispatch_above`` out of reach: every
+* ``frozen_half_undispatched`` -- as ``frozen_half_masks`` with ``dispatch_above`` out of reach: every
   variable takes the masked update, the wholly frozen ones included (what the per-variable
   ``switch_case`` buys).
 * ``dense_fc1``, ``sparse_fc1`` -- FISH-style sparse fine-tuning: a fixed 1% of ``fc1``'s kernel
@@ -60,7 +56,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from freezing import MaskedOptimizer, SkipFrozen, WriteTuning, slots  # noqa: E402
+from freezing import MaskedOptimizer, SkipFrozen, slots  # noqa: E402
+from freezing._tuning import tune  # noqa: E402  (the bench's one private name: thresholds are not API)
 from study.models import deep_mnist_cnn  # noqa: E402
 
 TARGETS = {  # (variant, reference): target for variant / reference (issues 15 and 20)
@@ -69,10 +66,8 @@ TARGETS = {  # (variant, reference): target for variant / reference (issues 15 a
     ("hold_adamw", "plain_adamw"): 1.05, ("unmasked", "plain"): 1.01,
 }
 OUT_OF_REACH = 1 << 40
-SETTINGS = {  # variant -> its optimizer's freezing.WriteTuning fields (read while its step is traced)
+SETTINGS = {  # variant -> its optimizer's write thresholds (freezing._tuning; read while its step is traced)
     "hold_unfused": {"fuse_above": OUT_OF_REACH},
-    "hold_restore": {"restore_in_graphs": True}, "unmasked_restore": {"restore_in_graphs": True},
-    "hold_adamw_restore": {"restore_in_graphs": True},
     "frozen_half_undispatched": {"dispatch_above": OUT_OF_REACH},
 }
 XLA_TARGET = 1.03  # every masked variant / plain under jit_compile=True
@@ -171,8 +166,9 @@ def _fc1_selection(model: keras.Model, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).random(shape) < 0.01
 
 
-VARIANTS = ("plain", "unmasked", "unmasked_restore", "hold", "hold_restore", "hold_adamw_restore", "hold_unfused", "hold_one", "hold_adamw", "plain_adamw", "frozen_half",
-            "frozen_half_masks", "frozen_half_undispatched", "untrainable", "recompiled_half", "mask_fn", "dense_fc1", "sparse_fc1")
+VARIANTS = ("plain", "unmasked", "hold", "hold_unfused", "hold_one", "hold_adamw", "plain_adamw", "frozen_half",
+            "frozen_half_masks", "frozen_half_undispatched", "untrainable", "recompiled_half", "mask_fn", "dense_fc1",
+            "sparse_fc1")
 PROFILE_VARIANTS = ("mask_fn_uniform",)  # by name only: --variants
 
 
@@ -191,9 +187,9 @@ def make_variants(names: list[str], seed: int, jit: bool) -> dict:
                     model.get_layer(layer).trainable = False
         elif name in ("mask_fn", "mask_fn_uniform"):
             opt = MaskedOptimizer(adam, mask_fn=random_keep_uniform if name == "mask_fn_uniform" else random_keep)
-        elif name in ("unmasked", "unmasked_restore"):
+        elif name == "unmasked":
             opt = MaskedOptimizer(adam)
-        elif name in ("hold", "hold_one", "hold_adamw", "hold_unfused", "hold_restore", "hold_adamw_restore"):
+        elif name in ("hold", "hold_one", "hold_adamw", "hold_unfused"):
             opt = MaskedOptimizer(adam)
             callbacks.append(RandomMasks(opt, seed=seed + 1, only=ONE if name == "hold_one" else None))
         elif name == "recompiled_half":  # the same MaskedOptimizer, built on every variable, then trainable=False
@@ -257,8 +253,8 @@ def _met(ok: bool) -> str:
 
 
 def _reference(name: str) -> str:
-    return {"frozen_half": "untrainable", "frozen_half_masks": "untrainable", "frozen_half_undispatched": "untrainable", "recompiled_half": "untrainable",
-            "sparse_fc1": "dense_fc1", "hold_adamw": "plain_adamw", "hold_adamw_restore": "plain_adamw"}.get(name, "plain")
+    return {"frozen_half": "untrainable", "frozen_half_masks": "untrainable", "frozen_half_undispatched": "untrainable",
+            "recompiled_half": "untrainable", "sparse_fc1": "dense_fc1", "hold_adamw": "plain_adamw"}.get(name, "plain")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -289,7 +285,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     for name in names:  # trace and warm up: one epoch each, not timed; a variant's tuning is read while it traces
         if name in SETTINGS:
-            variants[name]["opt"].tuning = WriteTuning(**SETTINGS[name])
+            tune(variants[name]["opt"], **SETTINGS[name])
         fit(name, 1)
     traces_after_warmup = {name: v["traces"][0] for name, v in variants.items()}
     for v in variants.values():

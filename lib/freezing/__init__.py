@@ -8,15 +8,16 @@ One module per idea:
 * ``masked_optimizer`` -- ``MaskedOptimizer``: a Keras optimizer whose per-element masks any inner
                           optimizer honours exactly, in ``compile``/``fit``, custom loops and under
                           ``tf.distribute``; its parts: ``_masks`` (masks as state, the path each implies),
-                          ``_write_path`` (the guard: frozen bits only ever copied; the per-variable
-                          paths; the trace-time check), ``_keras_api`` (every private Keras/TensorFlow
+                          ``_write_path`` (the guard: frozen bits only ever copied; the table of the
+                          per-variable paths and the one function that chooses; the trace-time check),
+                          ``_restore`` (eager steps: the frozen bits selected back), ``_tuning`` (its
+                          thresholds: speed only, not API), ``_keras_api`` (every private Keras/TensorFlow
                           name, checked at build), ``_surface`` (the inner optimizer's options seen
                           through the wrapper), ``_saving`` (config and state), ``_sizes`` (bytes held), ``_sparse_state``
                           (state for a fixed selection only), ``_distribute`` (what each strategy runs
                           or refuses).
 * ``loading``          -- ``load_model``: ``keras.saving.load_model`` that also restores the optimizer of a
                           model with its own ``compile`` (keras-hub tasks), masks and state included.
-* ``tuning``           -- ``WriteTuning``: where ``MaskedOptimizer`` switches between its exact constructions.
 * ``schedule``         -- ``MaskSchedule``: staged unfreezing inside one ``fit`` call.
 * ``skipping``         -- ``SkipFrozen`` (``fit``), ``variables_to_differentiate`` (custom loops): a tensor frozen
                           whole is not differentiated, as with ``trainable=False``; its state is kept
@@ -55,7 +56,6 @@ from freezing.schedule import MaskSchedule
 from freezing.skipping import SkipFrozen, variables_to_differentiate
 from freezing.selection import select_variables, variable_path
 from freezing.stalls import STALL_CAUSES, StallWatch, find_stalls, trainable_changes
-from freezing.tuning import WriteTuning
 from freezing.slots import SlotStash, reset_slots, restore_slots, slot_initial_value, slots, stash_slots
 from freezing._wrappers import unwrap, wrapper_chain
 
@@ -78,7 +78,6 @@ __all__ = [
     "STALL_CAUSES",
     "SlotStash",
     "StallWatch",
-    "WriteTuning",
     "diagnose",
     "enable_determinism",
     "find_stalls",

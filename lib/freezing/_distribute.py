@@ -8,14 +8,15 @@ Runs, exactly (every replica holds the frozen bits, and the replicas stay identi
   trainable_masks=...)`` or stored masks);
 * ``OneDeviceStrategy`` and the default strategy.
 
-Each replica's write reads its own copy of the mask and mode: the guard reads the mask variable inside
-the ``extended.update`` that writes the replica's copy of the variable (``freezing._write_path``).
+Each replica's write reads its own copy of the mask (its mode read off it): the guard reads the mask variable
+inside the ``extended.update`` that writes the replica's copy of the variable (``freezing._write_path``); an eager
+step's snapshot picks each replica's copy by device (``freezing._restore``).
 
 Refused, with the reason in the message:
 
 * ``ParameterServerStrategy``, ``CentralStorageStrategy``, TPU strategies: Keras 3 has no ``fit``
-  for them, and their variable placement is not what the write path is built for (the study's
-  parameter server runs the optimizer on the parameter servers itself);
+  for them, and their variable placement is not what the write path is built for (this repository's
+  parameter server, ``downpour``, runs the optimizer on the parameter servers itself);
 * under any strategy, an inner optimizer with ``use_ema`` or ``gradient_accumulation_steps``
   (plain Keras 3.15 fails the same way: a ``merge_call`` inside a ``cond``), ``state="sparse"``, and
   an inner optimizer created outside the strategy's scope (its updates would not reach every replica);

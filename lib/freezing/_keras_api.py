@@ -349,6 +349,14 @@ def onednn_in_build() -> bool | None:
         return None
 
 
+def disable_op_determinism() -> None:
+    """Switch op determinism off again (TensorFlow's private ``config.disable_op_determinism``; tests use it to
+    undo ``freezing.enable_determinism``)."""
+    from tensorflow.python.framework import config
+
+    config.disable_op_determinism()
+
+
 def variable_shape(variable: Any) -> Any:
     """The shape of ``variable`` as it is when the graph runs (``VariableShape`` on its handle), never folded from a
     read's static shape, which can be stale for a variable whose shape changes (a stored mask on a remote task).

@@ -1,5 +1,4 @@
-"""How a step writes (``guarded``), and the snapshot-and-select construction: Keras' own step, then every
-frozen bit selected back.
+"""The snapshot-and-select construction: Keras' own writes, then every frozen bit selected back.
 
 Before the inner optimizer's ``apply`` runs, the step reads the old value of every masked variable and of
 every optimizer variable that belongs to it (slots, EMA average, gradient accumulator, Adafactor's
@@ -9,29 +8,41 @@ them in between -- any write method, a raw op, a nested function, a write this l
 -- the frozen entries end with their old bits, so no check is needed.
 
 It costs a copy and a select per masked tensor whether or not anything was frozen, where the guarded
-write (``freezing._write_path``) folds the select into each write: ``make bench``'s ``*_restore`` rows
-measure it in graphs (``WriteTuning.restore_in_graphs``), where the guarded write is cheaper in every row, so graphs
-keep the guarded write and its trace-time check. ``MaskedOptimizer`` runs it, under the guard, for eager
-steps, where there is no trace for the check to read: for every variable with a dense gradient (an
-``IndexedSlices`` one stays a scatter under the guard alone).
+write (``freezing._write_path``) folds the select into each write: measured in graphs (``make bench``'s
+former ``*_restore`` rows, issue 33), the guarded write was cheaper in every row but one, so graphs keep the
+guarded write and its trace-time check, and this construction runs only where there is no trace to check:
+eager steps (``freezing._write_path.write_step``).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
 
 from freezing import _keras_api as api
-from freezing import _masks, _write_path
+from freezing import _masks
 
 
 def _component(variable: Any) -> Any:
-    """The ``tf.Variable`` this replica writes: the only one, or the replica's copy under a strategy."""
+    """The ``tf.Variable`` this replica writes: the only one, or under a strategy the copy on the replica's device.
+
+    Chosen by device, not by replica id: under ``MultiWorkerMirroredStrategy`` the replica id counts every
+    worker's devices, while a worker holds only its own copies.
+    """
     components = api.components(variable)
-    return components[api.replica_id() if len(components) > 1 else 0]
+    if len(components) == 1:
+        return components[0]
+    here = tf.DeviceSpec.from_string(tf.constant(0).device)  # an eager op runs on the replica's device
+    for component in components:
+        there = tf.DeviceSpec.from_string(component.device)
+        if (there.device_type, there.device_index) == (here.device_type, here.device_index) and \
+                there.task in (here.task, None) and there.job in (here.job, None):
+            return component
+    raise RuntimeError(f"MaskedOptimizer: no copy of {variable.name!r} on {here.to_string()!r} "
+                       f"(copies on {[c.device for c in components]})")
 
 
 @contextlib.contextmanager
@@ -52,28 +63,3 @@ def restored(entries: dict[int, Any]) -> Iterator[None]:
             frozen = old if target.source is None else tf.cast(variable_old, old.dtype)
             now = component.read_value()
             type(component).assign(component, _masks.where(target.keep(), now, frozen, now), read_value=False)
-
-
-def guarded(guards: Any, entries: dict[int, Any], write: Callable[[], Any], who: str,
-            sparse: set[int] = frozenset()) -> None:
-    """Run ``write`` (the inner optimizer's own code) so that no frozen entry of ``entries`` changes a bit.
-
-    In a graph: the guarded write (``freezing._write_path``), then the trace-time check that every op it
-    added -- nested functions' too -- that writes a guarded variable went through ``guards``. Eagerly (no
-    trace to check): the guarded write, and the snapshot-and-select construction for every entry but those
-    whose gradient (keys in ``sparse``) is an ``IndexedSlices`` (a scatter stays a scatter).
-    """
-    if tf.executing_eagerly():
-        with guards.active(entries), restored({k: e for k, e in entries.items() if k not in sparse}):
-            write()
-        return
-    if guards.tuning.restore_in_graphs:  # the alternative construction the bench measures
-        with guards.active(entries, writes=False), restored(entries):
-            write()
-        return
-    graph = api.default_graph()
-    start = len(graph.get_operations())
-    with guards.active(entries):
-        write()
-    variables = [v for e in entries.values() for v in [e.variable] + [s for s, _, _ in e.slots]]
-    _write_path.check_writes(graph, start, variables, guards.token, who)

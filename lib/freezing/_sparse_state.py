@@ -66,6 +66,7 @@ class SparseState:
         self.entries: dict[int, _Entry] = {}  # variable key -> entry
         self.frozen: set[int] = set()  # variables wholly frozen under sparse state: no inner state at all
         self._by_values: dict[int, _Entry] = {}  # key of the scratch variable -> entry
+        self.excluded: tuple[list[Any], Any] | None = None  # exclude_from_weight_decay's (var_list, var_names)
 
     @property
     def on(self) -> bool:
@@ -128,7 +129,20 @@ class SparseState:
             self._by_values[id(values)] = entry
             wrapper._masks.index.append(index)
             out.append(values)
+        self._exclude_scratch()
         return out
+
+    def _exclude_scratch(self) -> None:
+        """A variable excluded from weight decay by the list (``exclude_from_weight_decay(var_list=...)``) has its
+        scratch values excluded too: the inner optimizer decays the scratch values, not the variable. (By name it
+        needs nothing: the scratch values carry the variable's name.)"""
+        if self.excluded is None:
+            return
+        var_list, var_names = self.excluded
+        scratch = [self.entries[key(v)].values for v in var_list if key(v) in self.entries]
+        if scratch:
+            for leaf in self.wrapper._leaves():
+                leaf.exclude_from_weight_decay(var_list=list(var_list) + scratch, var_names=var_names)
 
     def variables(self) -> list[Any]:
         """The saved sparse state: the selections (the scratch values are refilled at every step)."""

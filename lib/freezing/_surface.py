@@ -120,6 +120,7 @@ class InnerSurface:
         """
         for leaf in self._leaves():
             leaf.exclude_from_weight_decay(var_list=var_list, var_names=var_names)
+        self._sparse.excluded = (list(var_list or []), var_names)  # state="sparse": its scratch values too, at build
 
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
         """Keras' per-variable update, by the inner optimizer that updates ``variable``, with its stored mask in force.

@@ -24,27 +24,45 @@ whatever writes them -- ``update_step``, weight decay, constraints, EMA, gradien
 formulas. There is no process-wide table: a write finds the step in progress through the variable it
 writes, so steps of two models in two threads, or several wrappers in one traced step, never meet.
 
-**Per-variable paths**, chosen in one function, ``WritePath.update_step`` (a shadow of the inner
-optimizer's public ``update_step``): no mask -> Keras' own ``update_step`` with the guard off; wholly
-frozen -> no update at all; some entries frozen -> the masked update. In a graph the choice is one
-``switch_case`` on the mode read off the mask (``freezing._masks``), so a changed mask never retraces;
-under XLA, and for variables under ``WriteTuning.dispatch_above`` entries, every variable takes the masked update
-(its selects with an all-True mask give Keras' bits). An optimizer whose update of one entry reads
-other entries' state (Lamb, Adafactor, Muon, anything not in ``ELEMENTWISE``) updates its slots as
-Keras would and has their frozen entries copied back after ``update_step``, so a held slot cannot
-change how Keras computes the trainable entries (a held zero velocity would turn Adafactor's update
-into NaN).
+**Per-variable paths**, chosen in one function, ``choose`` (below), from the step's kind and the variable's mode
+(read off its mask, ``freezing._masks``). Every path keeps the frozen bits by a copy:
+
+============  ============================================  =================================================
+path          chosen when                                   how the frozen bits are kept
+============  ============================================  =================================================
+``keras``     no mask (eager: read now; graph: ``dispatch``)  nothing is frozen: Keras' own ``update_step``,
+                                                            unguarded
+``skip``      wholly frozen (eager, or ``dispatch``)        no ``update_step``; any other write (decay, EMA)
+                                                            is a guarded select
+``select``    some entries frozen (eager); in a graph,      every write is guarded: ``where(keep, new, old)``
+              every variable under XLA or with fewer than   (one XLA-compiled pass from ``fuse_above``
+              ``dispatch_above`` entries                    entries, in a graph XLA does not compile); a
+                                                            scatter puts the touched rows' frozen entries
+                                                            back; a non-elementwise optimizer's slots are
+                                                            selected back after its ``update_step`` (a held
+                                                            slot must not change how Keras computes the
+                                                            trainable entries)
+``dispatch``  a graph XLA does not compile, a variable of   one ``switch_case`` on the mode at run time:
+              ``dispatch_above`` entries or more            ``keras``, ``skip`` or ``select`` (a changed mask
+                                                            never retraces)
+============  ============================================  =================================================
+
+An **eager step** (``write_step``) has no trace for the check below to read, so each masked variable whose
+gradient is dense also gets the snapshot-and-select construction (``freezing._restore``): its old bits and its
+state's are read before Keras' ``apply`` and selected back after it, whatever wrote them. An ``IndexedSlices``
+gradient stays a scatter under the guard alone (a snapshot would make the step O(size)). Under XLA, selects with an all-True
+mask give Keras' bits, so ``select`` is exact for an unmasked variable too. A variable with sparse state
+(``freezing._sparse_state``) is not guarded: the inner optimizer updates its K selected entries only.
+
+The thresholds (``freezing._tuning``) change speed, never bits; ``make bench``'s ``hold_unfused`` and
+``frozen_half_undispatched`` rows measure what each buys.
 
 **The check.** When a step is traced, every op the inner optimizer's ``apply`` (or weight decay, or
 ``finalize_variable_values``) added to the graph is inspected, and so are the graphs of the functions
 those ops run (``cond`` branches, loop bodies, nested ``tf.function`` s): a write to a guarded variable
 that its owner's guard did not make (its ops carry the owner's random name scope, ``Guards.token``)
 raises ``RuntimeError`` at trace time, whatever method, op or name made it, so a Keras release that
-reroutes its writes fails loudly instead of moving frozen entries. An eager step leaves no trace to
-inspect: under the same guard, it also runs the snapshot-and-select construction (``freezing._restore``)
-for every variable whose gradient is dense, which keeps the frozen bits whatever writes them. A variable
-with an ``IndexedSlices`` gradient is left to the guard alone, so its update stays a scatter (a snapshot
-of the whole variable would make every eager step O(size) for it).
+reroutes its writes fails loudly instead of moving frozen entries.
 """
 
 from __future__ import annotations
@@ -64,7 +82,8 @@ from freezing import _keras_api as api
 from freezing import _masks
 from freezing._masks import FROZEN, UNMASKED
 from freezing.selection import variable_path
-from freezing.tuning import WriteTuning
+from freezing import _restore
+from freezing._tuning import WriteTuning
 
 ELEMENTWISE = (
     keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.AdamW, keras.optimizers.Adamax,
@@ -81,13 +100,19 @@ WRITE_METHODS = (
 )
 """The public write methods of ``tf.Variable`` the guard shadows."""
 
+DENSE = {"assign": "scatter_update", "assign_add": "scatter_add", "assign_sub": "scatter_sub"}
+"""The dense write methods (a select), each with the scatter that writes the rows of an ``IndexedSlices`` value."""
+
 GUARD_SCOPE = "freezing_guard"
 """Prefix of the name scope of an owner's own writes in a graph; each ``Guards`` adds a random suffix (its
 token), so the trace-time check tells its writes from any other op, whatever that op is named."""
 
+KERAS, SKIP, SELECT, DISPATCH = "keras", "skip", "select", "dispatch"
+"""The per-variable paths of the module docstring's table."""
+
 DEFAULT_TUNING = WriteTuning()
 """The thresholds a new ``MaskedOptimizer`` starts with (read once, when it is made); each optimizer then keeps its
-own (``MaskedOptimizer.tuning``, held by its ``Guards``): no step reads process-wide state."""
+own (held by its ``Guards``; ``freezing._tuning.tune`` sets them): no step reads process-wide state."""
 
 
 def _size(variable: Any) -> int:
@@ -134,7 +159,7 @@ class Guards:
         self._frames: dict[Any, list[tuple[int, dict[int, Target], dict[int, Entry]]]] = {}
         self._local = threading.local()
         self.token = f"{GUARD_SCOPE}_{uuid.uuid4().hex[:12]}"  # the name scope of this owner's writes
-        self.tuning = DEFAULT_TUNING  # the owner's thresholds (MaskedOptimizer.tuning)
+        self.tuning = DEFAULT_TUNING  # the owner's thresholds (freezing._tuning.tune)
 
     def _find(self, k: int, which: int) -> Any:
         frames = self._frames
@@ -149,18 +174,16 @@ class Guards:
         return None
 
     @contextlib.contextmanager
-    def active(self, entries: dict[int, Entry], writes: bool = True) -> Iterator[None]:
-        """Guard the entries' variables for the duration of the block (one replica's step of this owner).
-
-        With ``writes=False`` only the per-variable dispatch is in force (a wholly frozen variable skips
-        ``update_step``); the writes themselves are left to ``freezing._restore``.
+    def active(self, entries: dict[int, Entry]) -> Iterator[None]:
+        """Guard the entries' variables for the duration of the block (one replica's step of this owner): each
+        write to one of them, or to its optimizer state, is masked, and ``update_step`` takes its path.
 
         Raises:
             RuntimeError: a step of the same owner and replica is in progress in another thread.
         """
         rid, thread = api.replica_id(), threading.get_ident()
         targets = {}
-        for k, entry in (entries if writes else {}).items():
+        for k, entry in entries.items():
             targets[k] = entry.target
             for slot, target, _ in entry.slots:
                 targets[api.key(slot)] = target
@@ -232,9 +255,12 @@ class _Guard:
         with tf.name_scope(guards.token):  # in a graph: how the step's check knows this write went through here
             if target is None:  # unmasked on purpose: Keras' own update of an unmasked variable, or a copy-back
                 return self.plain(self.variable, *args, **kwargs)
-            if self.method in ("assign", "assign_add", "assign_sub"):
-                return self._dense(target, *args, fuse_above=guards.tuning.fuse_above, **kwargs)
-            return self._scatter(target, *args, **kwargs)
+            if self.method not in DENSE:
+                return self._scatter(target, *args, **kwargs)
+            if args and isinstance(args[0], tf.IndexedSlices):  # a dense method given rows: scatter them, as Keras'
+                scatter = _Guard(self.variable, DENSE[self.method], self.fused, self.owners)  # TF optimizer does
+                return scatter._scatter(target, args[0])
+            return self._dense(target, *args, fuse_above=guards.tuning.fuse_above, **kwargs)
 
     def _frozen(self, target: Target, old: tf.Tensor) -> tf.Tensor:
         if target.source is None:
@@ -243,9 +269,6 @@ class _Guard:
 
     def _dense(self, target: Target, value: Any, *args: Any, fuse_above: int = 1 << 17, **kwargs: Any) -> Any:
         var = self.variable
-        if isinstance(value, tf.IndexedSlices):  # not a dense write: scatter it like Keras' TF optimizer does
-            method = {"assign": "scatter_update", "assign_add": "scatter_add", "assign_sub": "scatter_sub"}[self.method]
-            return _Guard(var, method, self.fused, self.owners)._scatter(target, value)
         value = tf.convert_to_tensor(value, dtype=var.dtype)
         keep = target.keep()
         if target.source is None and _in_graph() and not api.in_xla() and _size(var) >= fuse_above:
@@ -375,7 +398,8 @@ def check_writes(graph: Any, start: int, guarded: Sequence[Any], token: str, who
 
 # -- the per-variable update ------------------------------------------------------------------------
 class WritePath:
-    """The shadow of one leaf optimizer's ``update_step``: the mode dispatch, the masked update and its check."""
+    """The shadow of one leaf optimizer's ``update_step``: each variable on the path ``choose`` picks (the check of
+    the whole step is ``write_step``'s)."""
 
     def __init__(self, leaf: keras.optimizers.Optimizer, guards: Guards):
         self.leaf, self.guards = leaf, guards
@@ -385,9 +409,7 @@ class WritePath:
 
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> Any:
         entry = self.guards.entry(variable)
-        if entry is None:
-            return self.plain(gradient, variable, learning_rate)
-        if not self.guards.lookup(variable)[0]:  # snapshot-and-select alone keeps the bits (tuning.restore_in_graphs)
+        if entry is None:  # not masked in this step: no mask (eagerly), sparse state, or another optimizer's
             return self.plain(gradient, variable, learning_rate)
         owned = [variable] + [slot for slot, _, _ in entry.slots]
 
@@ -398,12 +420,10 @@ class WritePath:
         def masked() -> None:
             self._masked(entry, gradient, variable, learning_rate)
 
-        if not _in_graph():
-            mode = int(entry.mode())
-            return {UNMASKED: plain, FROZEN: lambda: None}.get(mode, masked)()
-        if api.in_xla() or _size(variable) < self.guards.tuning.dispatch_above:
-            return masked()  # XLA fuses the selects into the update; a conditional keeps it from fusing
-        branches = [plain, lambda: None, masked]
+        paths = {KERAS: plain, SKIP: lambda: None, SELECT: masked}
+        path = choose(entry, self.guards.tuning)
+        if path != DISPATCH:
+            return paths[path]()
 
         def run(fn: Callable[[], None]) -> Callable[[], tf.Tensor]:
             def branch() -> tf.Tensor:
@@ -412,7 +432,8 @@ class WritePath:
 
             return branch
 
-        tf.switch_case(tf.cast(entry.mode(), tf.int32), [run(b) for b in branches])
+        branches = {UNMASKED: plain, FROZEN: paths[SKIP], _masks.ELEMENTS: masked}
+        tf.switch_case(tf.cast(entry.mode(), tf.int32), [run(branches[m]) for m in sorted(branches)])
         return None
 
     def _masked(self, entry: Entry, gradient: Any, variable: Any, learning_rate: Any) -> None:
@@ -424,6 +445,40 @@ class WritePath:
             with self.guards.passthrough([slot]):
                 now = tf.convert_to_tensor(slot)
                 slot.assign(_masks.where(target.keep(), now, old, now))
+
+
+def choose(entry: Entry, tuning: WriteTuning) -> str:
+    """The path of one masked variable in this step (the module docstring's table): the one place it is chosen.
+
+    Eagerly the mode is read now; in a graph it is read when the step runs, by ``dispatch``'s ``switch_case``,
+    unless XLA compiles the step or the variable is small, where ``select`` (exact for any mask) costs less.
+    """
+    if tf.executing_eagerly():
+        return {UNMASKED: KERAS, FROZEN: SKIP}.get(int(entry.mode()), SELECT)
+    if api.in_xla() or _size(entry.variable) < tuning.dispatch_above:
+        return SELECT
+    return DISPATCH
+
+
+def write_step(guards: Guards, entries: dict[int, Entry], write: Callable[[], Any], who: str,
+         sparse: set[int] = frozenset()) -> None:
+    """Run ``write`` (the inner optimizer's own code) so that no frozen entry of ``entries`` changes a bit.
+
+    Every write is guarded (each variable on its path, ``choose``). In a graph, the trace-time check then reads
+    every op ``write`` added -- nested functions' too -- for a write to a guarded variable that did not go
+    through ``guards``. Eagerly (no trace to check), the snapshot-and-select construction also runs for every
+    entry but those whose gradient (keys in ``sparse``) is an ``IndexedSlices`` (a scatter stays a scatter).
+    """
+    if tf.executing_eagerly():
+        with guards.active(entries), _restore.restored({k: e for k, e in entries.items() if k not in sparse}):
+            write()
+        return
+    graph = api.default_graph()
+    start = len(graph.get_operations())
+    with guards.active(entries):
+        write()
+    variables = [v for e in entries.values() for v in [e.variable] + [s for s, _, _ in e.slots]]
+    check_writes(graph, start, variables, guards.token, who)
 
 
 def entries_for(leaves: Sequence[Any], variables: Sequence[Any], keeps: dict[int, Callable[[], tf.Tensor]],

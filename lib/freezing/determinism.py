@@ -98,10 +98,11 @@ def enable_determinism(seed: int) -> dict[str, str]:
         ...
         ValueError: enable_determinism: seed must be an int in [0, 4294967295], not a bool; got True
 
-        Undo it, so that the rest of this (test) process runs as before:
+        Undo it, so that the rest of this (test) process runs as before (TensorFlow has no public switch back;
+        the library's compat module reaches its private one):
 
-        >>> from tensorflow.python.framework import config as tf_config
-        >>> tf_config.disable_op_determinism()
+        >>> from freezing import _keras_api
+        >>> _keras_api.disable_op_determinism()
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _MAX_SEED:
         raise ValueError(

@@ -4,8 +4,8 @@ A stop_gradient mask freezes entries under SGD but not under Adam, momentum or w
 optimizer still moves an entry whose gradient is zero. ``MaskedOptimizer`` is a Keras optimizer that
 wraps another one (the pattern of Keras' own ``LossScaleOptimizer``) and guarantees, by construction,
 that a frozen entry keeps every bit: during its step, a frozen entry of a variable or of any optimizer
-state that belongs to it is only ever copied, never recomputed (``freezing._write_path``). Each
-variable's update takes one of three paths, chosen in the graph from its mask at every step, so a
+state that belongs to it is only ever copied, never recomputed (``freezing._write_path``, whose
+docstring tables every path). Each variable's update takes its path from its mask at every step, so a
 changed mask never retraces (``freezing._masks``): no mask -- Keras' own update; wholly frozen -- no
 update at all, slots untouched; some entries frozen -- Keras' own update with every write masked.
 
@@ -75,11 +75,10 @@ from freezing._saving import SavedState
 from freezing._sizes import StateSizes
 from freezing._surface import InnerSurface
 from freezing._wrappers import wrapper_chain
-from freezing._restore import guarded
+from freezing import _write_path
 from freezing._write_path import ELEMENTWISE, Guards, WritePath, entries_for, install, reset_frozen_slots
 from freezing.selection import variable_path
 from freezing.slots import slot_initial_value, slots
-from freezing.tuning import WriteTuning
 
 POLICIES = ("hold", "reset", "none")
 """hold: frozen values and all their optimizer state unchanged; reset: values unchanged, moments
@@ -210,23 +209,6 @@ class MaskedOptimizer(MaskAccess, InnerSurface, SavedState, StateSizes, keras.op
         return _leaves(self.inner)
 
     @property
-    def tuning(self) -> WriteTuning:
-        """Where this optimizer switches between its equally exact ways of writing (``freezing.WriteTuning``);
-        read when a step is traced, so set it before the first step. Not saved: it changes speed, never bits.
-
-        >>> opt = MaskedOptimizer("sgd"); opt.tuning = WriteTuning(restore_in_graphs=True)
-        >>> opt.tuning.restore_in_graphs
-        True
-        """
-        return self._guards.tuning
-
-    @tuning.setter
-    def tuning(self, value: WriteTuning) -> None:
-        if not isinstance(value, WriteTuning):
-            raise ValueError(f"MaskedOptimizer.tuning: expected a freezing.WriteTuning; got {value!r}")
-        self._guards.tuning = value
-
-    @property
     def variables(self) -> list[Any]:
         """The inner optimizer's variables, one mask per built variable, then any sparse state.
 
@@ -334,13 +316,14 @@ class MaskedOptimizer(MaskAccess, InnerSurface, SavedState, StateSizes, keras.op
         reset_frozen_slots(entries, self._initial)
 
     def _initial(self, slot: Any) -> float:
-        """The value ``policy="reset"`` puts back into a slot's frozen entries (``slot_initial_value``)."""
-        for leaf in self._leaves():
-            for v in _keras_api.trainable_variables(leaf):
-                for name, candidate in slots(leaf, v).items():
-                    if candidate is slot:
-                        return slot_initial_value(leaf, name)
-        return 0.0
+        """The value ``policy="reset"`` puts back into a slot's frozen entries (``slot_initial_value``), from a table
+        of every slot made once, at the first reset after build (not a scan of every slot for each slot)."""
+        table = self.__dict__.get("_initials")
+        if table is None:
+            table = {id(candidate): slot_initial_value(leaf, name) for leaf in self._leaves()
+                     for v in _keras_api.trainable_variables(leaf) for name, candidate in slots(leaf, v).items()}
+            object.__setattr__(self, "_initials", table)
+        return table.get(id(slot), 0.0)
 
     # -- applying a step --------------------------------------------------------------------------
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]], trainable_masks: Sequence[Any] | None = None,
@@ -464,8 +447,8 @@ class MaskedOptimizer(MaskAccess, InnerSurface, SavedState, StateSizes, keras.op
 
     def _guarded(self, entries: dict[int, Any], write: Any, who: str, sparse: set[int] = frozenset()) -> None:
         """Run ``write`` (the inner optimizer's own code) so that no frozen entry of ``entries`` changes a bit
-        (``freezing._restore.guarded``)."""
-        guarded(self._guards, entries, write, who, sparse)
+        (``freezing._write_path.write_step``)."""
+        _write_path.write_step(self._guards, entries, write, who, sparse)
 
 def _renamed(trainable_masks: Any, masks: Any) -> Any:
     if masks is None:

@@ -158,10 +158,9 @@ def _average(optimizer: Any, variable: Any) -> tuple[Any, Any]:
 
 def _refuse_outside_update_step(optimizer: Any, who: str) -> None:
     """Refuse state that ``reset_slots`` cannot keep frozen entries still with (see the module docstring)."""
-    from freezing.masked_optimizer import MaskedOptimizer  # here: masked_optimizer imports this module
-
-    if any(isinstance(o, MaskedOptimizer) for o in wrapper_chain(optimizer)):
-        return  # its masks hold the average and the accumulator of every entry they freeze
+    if any(callable(getattr(o, "set_mask", None)) for o in wrapper_chain(optimizer)):
+        return  # a MaskedOptimizer (told by its set_mask, not imported: it imports this module): its masks hold the
+        # average and the accumulator of every entry they freeze
     leaf = unwrap(optimizer)
     steps = getattr(leaf, "gradient_accumulation_steps", None)
     if steps:

@@ -26,7 +26,8 @@ if __name__ == "__main__" and sys.argv[1:2] == ["mirrored"]:  # only as a child;
 
 import keras  # noqa: E402
 
-from freezing import MaskedOptimizer, MaskSchedule, WriteTuning, _keras_api, _write_path, diagnose, slots  # noqa: E402
+from freezing import MaskedOptimizer, MaskSchedule, _keras_api, _write_path, diagnose, slots  # noqa: E402
+from freezing._tuning import WriteTuning  # noqa: E402
 from freezing.audit import changed_bits  # noqa: E402
 
 RNG = np.random.default_rng(0)
@@ -214,6 +215,36 @@ def mirrored() -> dict:
     out["loop_frozen_changed"] = changed
     out["loop_traces"] = step.experimental_get_tracing_count()
     out["loop_replicas_identical"] = replicas_identical(opt, kernel)
+
+    # 5b. the same loop run eagerly (the snapshot-and-select construction), with the replica ids a second worker of a
+    # MultiWorkerMirroredStrategy with two devices per worker sees (2 and 3: global, while it holds two copies)
+    model, opt = model_and_optimizer(strategy)
+    with strategy.scope():
+        opt.build(model.trainable_variables)
+    kernel = model.get_layer("fc1").kernel
+    real_replica_id = _keras_api.replica_id
+    _keras_api.replica_id = lambda: real_replica_id() + 2
+    changed = 0
+    try:
+        for i, (x, y) in enumerate(data):
+            keep = np.random.default_rng(20 + i).random((4, 6)) < 0.5
+
+            def replica(x, y, keep=keep):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_sum((model(x) - y) ** 2) / 8.0
+                grads = tape.gradient(loss, model.trainable_variables)
+                opt.apply_gradients(zip(grads, model.trainable_variables), trainable_masks=[keep])
+
+            before = snapshot(opt, kernel)
+            strategy.run(replica, args=(x, y))
+            changed += frozen_changed(before, snapshot(opt, kernel), keep)
+        out["eager_global_ids_error"] = None
+    except Exception as e:  # noqa: BLE001 - recorded for the test to show
+        out["eager_global_ids_error"] = f"{type(e).__name__}: {e}"
+    finally:
+        _keras_api.replica_id = real_replica_id
+    out["eager_global_ids_frozen_changed"] = changed
+    out["eager_global_ids_replicas_identical"] = replicas_identical(opt, kernel)
 
     # 6. bits against the single-device run: one device equal; two devices sum two half-batch gradients
     def trained(strategy):

@@ -90,3 +90,64 @@ def test_freezing_loads_and_imports_no_study_package():
 def test_freezing_imports_and_works_without_study_packages():
     result = _run(_WITHOUT_STUDY_PACKAGES, json.dumps(STUDY_PACKAGES))
     assert result == {"grad": [0.0, 10.0, 10.0], "paths": ["fc/kernel"], "leaked": []}
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """freezing's modules -> the freezing modules each imports, at top level or in a function (read from the AST)."""
+    import ast
+    from pathlib import Path
+
+    import freezing
+
+    root = Path(freezing.__file__).parent
+    names = {p.stem for p in root.glob("*.py")}
+    graph = {}
+    for path in root.glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "freezing":
+                parts = node.module.split(".")
+                deps |= {parts[1]} if len(parts) > 1 else {a.name for a in node.names if a.name in names}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name.split(".")[1] for a in node.names if a.name.startswith("freezing.")}
+        graph[path.stem] = deps - {path.stem, "__init__"}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    found, done = [], set()
+
+    def visit(node: str, path: list[str]) -> None:
+        for dep in sorted(graph.get(node, ())):
+            if dep in path:
+                found.append(path[path.index(dep):] + [dep])
+            elif dep not in done:
+                visit(dep, path + [dep])
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node, [node])
+    return found
+
+
+def test_the_cycle_finder_finds_a_planted_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_freezing_module_imports_itself_round_a_circle():
+    """Not even through an import inside a function (``_sizes`` -> ``slots`` -> ``masked_optimizer`` -> ``_sizes``)."""
+    assert _cycles(_import_graph()) == []
+
+
+def test_the_package_ships_its_type_marker():
+    """PEP 561: ``py.typed`` sits in the package and the wheel ships it (setuptools' package data)."""
+    import tomllib
+    from pathlib import Path
+
+    import freezing
+
+    root = Path(__file__).resolve().parents[2]
+    assert (Path(freezing.__file__).parent / "py.typed").is_file()
+    config = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    assert "py.typed" in config["tool"]["setuptools"]["package-data"]["freezing"]

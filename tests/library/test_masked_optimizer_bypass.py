@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import keras
-from freezing import MaskedOptimizer, WriteTuning, _keras_api, slots
+from freezing import MaskedOptimizer, _keras_api, slots
 from freezing.audit import changed_bits
 
 import keras_features
@@ -144,56 +144,25 @@ def test_the_compat_check_verifies_the_per_variable_lists_of_the_options_that_ar
         _keras_api.check(opt)
 
 
-def test_no_module_but_the_compat_module_names_a_private_keras_or_tensorflow_attribute():
-    """Every ``_name`` the library writes as an attribute, a method it defines, or a string, outside
-    ``_keras_api.py``, is its own: none is a private attribute of a Keras optimizer, variable or model or of a
-    TensorFlow variable or graph (overrides such as ``_clip_gradients`` are installed under ``_keras_api``'s names)."""
-    import ast
-    import pathlib
-
-    import freezing
-
-    used: dict[str, set[str]] = {}
-    for path in pathlib.Path(freezing.__file__).parent.glob("*.py"):
-        if path.name == "_keras_api.py":
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = [node.attr] if isinstance(node, ast.Attribute) else [node.name] if isinstance(
-                node, ast.FunctionDef) else [node.value] if isinstance(node, ast.Constant) and isinstance(
-                node.value, str) and node.value.isidentifier() else []
-            for name in names:
-                if name.startswith("_") and not name.startswith("__"):
-                    used.setdefault(name, set()).add(path.name)
-    opt = keras.optimizers.Adam(use_ema=True, gradient_accumulation_steps=2)
-    v = keras.Variable([1.0])
-    opt.build([v])
-    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-    theirs = set()
-    for obj in (opt, keras.optimizers.SGD(), v, v.value, model, tf.Graph()):
-        theirs |= set(dir(obj))
-    assert {name: sorted(files) for name, files in used.items() if name in theirs} == {}
-
-
-@pytest.mark.parametrize("jit", [False, True], ids=["graph", "xla"])
-@pytest.mark.parametrize("inner", ["adamw", "adafactor", "ema"])
-def test_the_snapshot_and_select_construction_gives_the_guarded_writes_bits(inner, jit, monkeypatch):
-    """What the eager step (and ``make bench``'s restore rows) runs gives the bits of the guarded write, bit for bit."""
-    from freezing import _write_path
-
+@pytest.mark.parametrize("inner", ["adamw", "ema"])
+def test_the_eager_step_gives_the_traced_steps_bits(inner):
+    """An eager step (guarded writes plus snapshot-and-select) gives the bits of the traced guarded step, bit for bit
+    (a graph's: XLA rounds differently from TensorFlow's kernels whatever the wrapper does, and so does Grappler's
+    ``x / sqrt(y)`` -> ``x * rsqrt(y)`` in Adafactor's update, unwrapped too)."""
     make = {"adamw": lambda: keras.optimizers.AdamW(0.1, weight_decay=0.1),
-            "adafactor": lambda: keras.optimizers.Adafactor(0.1),
             "ema": lambda: keras.optimizers.Adam(0.1, use_ema=True, ema_momentum=0.5, ema_overwrite_frequency=2)}[inner]
     rng = np.random.default_rng(3)
     init = rng.normal(size=SHAPE).astype("float32")
     grads = [tf.constant(rng.normal(size=SHAPE).astype("float32")) for _ in range(4)]
     masks = [rng.random(SHAPE) < 0.5 for _ in range(4)]
     results = []
-    for restore in (False, True):
+    for how in ("eager", "graph"):
         w = keras.Variable(init, name="w")
         opt = MaskedOptimizer(make())
-        opt.tuning = WriteTuning(restore_in_graphs=restore)
         opt.build([w])
-        step = tf.function(lambda g, m: opt.apply_gradients([(g, w)], trainable_masks=[m]), jit_compile=jit)
+        step = lambda g, m: opt.apply_gradients([(g, w)], trainable_masks=[m])  # noqa: E731
+        if how != "eager":
+            step = tf.function(step)
         for g, m in zip(grads, masks):
             step(g, tf.constant(m))
         results.append([w.numpy().tobytes()] + [s.numpy().tobytes() for s in slots(opt, w).values()])

@@ -114,6 +114,13 @@ def test_custom_loop_with_per_call_masks_in_strategy_run(mirrored):
     assert mirrored["loop_replicas_identical"]
 
 
+def test_eager_steps_pick_each_replicas_copy_by_device_not_by_global_replica_id(mirrored):
+    """Under MultiWorkerMirroredStrategy with two devices per worker, the second worker's replica ids are 2 and 3
+    while it holds two copies: the eager snapshot must not index the copies by that id."""
+    assert mirrored["eager_global_ids_error"] is None
+    assert mirrored["eager_global_ids_frozen_changed"] == 0 and mirrored["eager_global_ids_replicas_identical"]
+
+
 def test_bits_match_the_single_device_run_on_one_device_and_differ_by_rounding_on_two(mirrored):
     # One replica computes what the default strategy computes. Two replicas each take the gradient of half the
     # batch and the all-reduce adds the halves: the same sum in another order, so the bits may differ.

@@ -12,7 +12,8 @@ import pytest
 import tensorflow as tf
 
 import keras
-from freezing import MaskedOptimizer, WriteTuning, slots
+from freezing import MaskedOptimizer, slots
+from freezing._tuning import WriteTuning
 from freezing import _masks, _write_path
 from freezing.audit import changed_bits
 
@@ -345,3 +346,26 @@ def test_indexed_slices_gradients_stay_sparse_when_frozen_entries_are_zeroed_for
     opt.set_mask(table, keep)
     opt.apply_gradients([(g, table)])
     assert table.numpy()[2].tolist() == [1.0, 1.0] and table.numpy()[0][0] < 1.0
+
+
+def test_reset_with_a_mask_per_step_reads_each_slots_start_value_once(monkeypatch):
+    """``policy="reset"`` with per-call masks, eagerly: finding the start value of every slot is done once, not by a
+    scan of every variable's slots for every slot at every step (O(V^3) Python work per step)."""
+    from freezing import masked_optimizer
+
+    calls = [0]
+    real = masked_optimizer.slots
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(masked_optimizer, "slots", counting)
+    variables = [keras.Variable(np.ones((3, 2), "float32"), name=f"w{i}") for i in range(6)]
+    opt = MaskedOptimizer(keras.optimizers.Adam(0.1), policy="reset")
+    opt.build(variables)
+    keep = np.array([[True, False]] * 3)
+    for _ in range(3):
+        opt.apply_gradients([(tf.ones((3, 2)), v) for v in variables], trainable_masks=[keep] * len(variables))
+    assert calls[0] <= len(variables)  # one slots() call per variable, in all
+    assert all(np.all(slots(opt, v)["momentum"].numpy()[:, 1] == 0) for v in variables)  # and the reset happened

@@ -25,9 +25,11 @@ def _model():
     return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, name="fc1"), keras.layers.Dense(3, name="fc2")])
 
 
-def _fit(state, options, callbacks=(), norms="trainable"):
+def _fit(state, options, callbacks=(), norms="trainable", exclude=False):
     model = _model()
     opt = MaskedOptimizer(keras.optimizers.Adam(0.05, **options), state=state, norms=norms)
+    if exclude:  # fc1's kernel (sparse state: a K-entry scratch variable inside) out of weight decay, by the list
+        opt.exclude_from_weight_decay(var_list=[model.get_layer("fc1").kernel])
     opt.set_mask(model.get_layer("fc1").kernel, KEEP)
     opt.set_mask(model.get_layer("fc1").bias, False)
     model.compile(optimizer=opt, loss="mse")
@@ -46,18 +48,20 @@ OPTIONS = {  # every one of these is elementwise or sums zeros: bit for bit (mea
     "accumulation": ({"gradient_accumulation_steps": 2}, ()),
     "accumulation_ema": ({"gradient_accumulation_steps": 2, "use_ema": True}, ()),
     "weight_decay": ({"weight_decay": 0.1}, ()),
+    "weight_decay_excluded": ({"weight_decay": 0.1}, (), True),
     "clipnorm": ({"clipnorm": 0.01}, ()),
     "global_clipnorm": ({"global_clipnorm": 0.01}, ()),
     "clipvalue": ({"clipvalue": 0.001}, ()),
 }
-QUICK = {"ema_swap"}  # each run is two fits (4-8 s here): the others in make test-slow
+QUICK = {"ema_swap", "weight_decay_excluded"}  # each run is two fits (4-8 s here): the others in make test-slow
 
 
 @pytest.mark.parametrize("name", [n if n in QUICK else pytest.param(n, marks=pytest.mark.slow) for n in OPTIONS])
 def test_sparse_state_ends_where_dense_state_ends_under_each_base_option(name):
-    options, callbacks = OPTIONS[name]
+    options, callbacks, *exclude = OPTIONS[name]
     initial = _model()
-    dense, sparse = _fit("dense", options, callbacks), _fit("sparse", options, callbacks)
+    dense, sparse = _fit("dense", options, callbacks, exclude=bool(exclude)), _fit("sparse", options, callbacks,
+                                                                                exclude=bool(exclude))
     for a, b in zip(dense.weights, sparse.weights):
         assert a.numpy().tobytes() == b.numpy().tobytes(), (name, a.path)
     kernel, start = sparse.get_layer("fc1").kernel.numpy(), initial.get_layer("fc1").kernel.numpy()
