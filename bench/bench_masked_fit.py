@@ -178,7 +178,8 @@ def make_variants(names: list[str], seed: int, jit: bool) -> dict:
     for name in names:
         keras.utils.set_random_seed(seed)
         model = deep_mnist_cnn()
-        adam = keras.optimizers.AdamW(1e-4, weight_decay=0.004) if name.endswith("adamw") else keras.optimizers.Adam(1e-4)
+        adam = (keras.optimizers.AdamW(1e-4, weight_decay=0.004) if name.endswith("adamw")
+                else keras.optimizers.Adam(1e-4))
         callbacks = []
         if name in ("plain", "plain_adamw", "untrainable"):
             opt = adam
@@ -233,7 +234,8 @@ def memory_report(variants: dict) -> dict:
                    wrapper_extra_bytes=opt.state_bytes() - _bytes(opt.inner.variables) - opt.mask_bytes())
     if "mask_fn" in variants:
         opt = variants["mask_fn"]["opt"]
-        out.update(mask_fn_mask_bytes=opt.mask_bytes(), mask_fn_mask_variables=len(variants["mask_fn"]["model"].trainable_variables))
+        out.update(mask_fn_mask_bytes=opt.mask_bytes(),
+                   mask_fn_mask_variables=len(variants["mask_fn"]["model"].trainable_variables))
     for name in ("dense_fc1", "sparse_fc1"):
         if name in variants:
             opt, model = variants[name]["opt"], variants[name]["model"]
@@ -244,7 +246,8 @@ def memory_report(variants: dict) -> dict:
             out[f"{name}_slot_shapes"] = {k: list(v.shape) for k, v in state.items()}
             out[f"{name}_inner_optimizer_bytes"] = _bytes(opt.inner.variables)
     if "dense_fc1_optimizer_bytes_fc1" in out and "sparse_fc1_optimizer_bytes_fc1" in out:
-        out["sparse_over_dense_fc1_bytes"] = out["sparse_fc1_optimizer_bytes_fc1"] / out["dense_fc1_optimizer_bytes_fc1"]
+        out["sparse_over_dense_fc1_bytes"] = (out["sparse_fc1_optimizer_bytes_fc1"]
+                                              / out["dense_fc1_optimizer_bytes_fc1"])
     return out
 
 
@@ -308,7 +311,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     comparisons = {}
     pairs = [(name, _reference(name)) for name in names if name != "plain"]
-    pairs += [(name, "plain") for name in ("hold_adamw", "frozen_half", "frozen_half_masks") if name in names]  # also against plain fit
+    # also against plain fit
+    pairs += [(name, "plain") for name in ("hold_adamw", "frozen_half", "frozen_half_masks") if name in names]
     for name, ref in pairs:
         c = {"variant": name, "reference": ref}
         for key, table in (("", per_round), ("epoch_", per_round_epoch), ("min_step_", per_round_min),
@@ -355,10 +359,13 @@ def main(argv: list[str] | None = None) -> dict:
 
 def _print_memory(m: dict) -> None:
     if "hold_mask_bytes" in m:
-        print(f"  memory: hold mask_bytes() = {m['hold_mask_bytes']:,} B = {m['hold_mask_bytes_per_masked_entry']:.3f} B "
-              f"per masked entry ({m['hold_masked_entries']:,}) + {m['hold_unmasked_bytes']} B of unmasked variables  (target <= 1 B per "
+        print(f"  memory: hold mask_bytes() = {m['hold_mask_bytes']:,} B = "
+              f"{m['hold_mask_bytes_per_masked_entry']:.3f} B "
+              f"per masked entry ({m['hold_masked_entries']:,}) + {m['hold_unmasked_bytes']} B of unmasked variables  "
+              f"(target <= 1 B per "
               f"masked entry): {_met(m['hold_mask_bytes_per_masked_entry'] <= 1)}; inner Adam bytes equal to plain: "
-              f"{m['inner_bytes_equal']}; the wrapper's state beyond the inner optimizer's and the masks: {m['wrapper_extra_bytes']} B")
+              f"{m['inner_bytes_equal']}; the wrapper's state beyond the inner optimizer's and the masks: "
+              f"{m['wrapper_extra_bytes']} B")
     if "mask_fn_mask_bytes" in m:
         print(f"  memory: mask_fn only: mask_bytes() = {m['mask_fn_mask_bytes']} B in all "
               f"({m['mask_fn_mask_variables']} scalar 'no mask' variables)")

@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  custom-loop ratio hold / plain, {what} = {value:.3f}  (median of {args.rounds} per-round ratios, "
               f"min-max {lo:.3f}-{hi:.3f})  target <= {target}: {met}")
     lo, hi = result["ratio_copy_restore_over_plain_rounds_min_max"]
-    print(f"  ratio copy_restore / plain     = {result['ratio_copy_restore_over_plain']:.3f}  (rounds {lo:.3f}-{hi:.3f}; "
+    print(f"  ratio copy_restore / plain     = {result['ratio_copy_restore_over_plain']:.3f}  "
+          f"(rounds {lo:.3f}-{hi:.3f}; "
           "the naive reference, no target)")
     print(f"  memory: inner Adam variables {result['optimizer_state_bytes']['hold']} B under the wrapper vs plain "
           f"{result['optimizer_state_bytes']['plain']} B (difference {extra} B); stored masks "

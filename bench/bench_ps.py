@@ -17,8 +17,8 @@ each task used in that window, and the load average, are reported too: on a shar
 get its core shows up there, not in the ratio. Prints; asserts nothing about time.
 ``python bench/bench_ps.py --repeats 3``
 
-``--sparse``: an Embedding-heavy model instead (``lib/downpour/examples/tokens`` with a 50,000 x 32 table, 1 worker, 2 ps
-tasks), each job run pushing only the rows a push touched and fetching only the rows the next batches look up
+``--sparse``: an Embedding-heavy model instead (``lib/downpour/examples/tokens`` with a 50,000 x 32 table, 1 worker,
+2 ps tasks), each job run pushing only the rows a push touched and fetching only the rows the next batches look up
 (``sparse_push`` and ``sparse_fetch`` true) and pushing and fetching dense tensors (both false), interleaved,
 with Downpour's Adagrad (a scatter on the ps) and with Adam (Keras' Adam
 updates every row of a sparse gradient's variable): bytes pushed and fetched per update and steps per second,
@@ -126,7 +126,8 @@ def sparse_main(repeats: int, functions_per_worker: int) -> dict:
                           f"{run['steps_per_s']:.2f} steps/s, {run['pushed_bytes_per_update'] / 1e6:.3f} MB pushed "
                           f"and {run['fetched_bytes_per_update'] / 1e6:.3f} MB fetched per update", flush=True)
     out: dict = {"runs": runs, "config": dataclasses.asdict(SPARSE), "cpus": os.cpu_count()}
-    print(f"\nAn Embedding-heavy model (lib/downpour/examples/tokens, 50,000 x 32 table = 6.4 MB, over 2 ps tasks), 1 worker, "
+    print(f"\nAn Embedding-heavy model (lib/downpour/examples/tokens, 50,000 x 32 table = 6.4 MB, over 2 ps tasks), "
+          f"1 worker, "
           f"batch {SPARSE.batch} x 20 tokens, n_fetch = n_push = {SPARSE.n_push}; {repeats} interleaved repeats; load "
           f"average {min(r['load_before'] for v in runs.values() for r in v):.1f}-"
           f"{max(r['load_after'] for v in runs.values() for r in v):.1f}.")

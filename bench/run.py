@@ -6,7 +6,8 @@ that crashes is reported (its JSON holds the error), the others still run, and t
 Sizes (the argument lists below) keep the MaskedOptimizer benchmarks at about 6 minutes on a 2-core
 machine (measured: 335 s on 2026-11-26), longer when shared with other jobs (a CNN step takes ~0.06-0.3 s on CPU). The
 MirroredStrategy benchmark runs in its own process (two logical CPU devices must be set up before
-TensorFlow starts). The parameter-server benchmarks run at their own defaults (the sparse one: 3 repeats of 24 timed functions, its steps are short).
+TensorFlow starts). The parameter-server benchmarks run at their own defaults (the sparse one: 3 repeats of 24 timed
+functions, its steps are short).
 """
 
 from __future__ import annotations
@@ -128,7 +129,8 @@ def _rows(results: dict) -> tuple[list[Row], list[str]]:
     if "hold_mask_bytes_per_masked_entry" in m:
         notes.append(f"memory, hold: {m['hold_mask_bytes_per_masked_entry']:.3f} B per masked entry + "
                      f"{m['hold_unmasked_bytes']} B of unmasked variables (target <= 1 B per masked entry); mask_fn "
-                     f"only: {m.get('mask_fn_mask_bytes')} B in all; inner optimizer bytes equal: {m['inner_bytes_equal']}")
+                     f"only: {m.get('mask_fn_mask_bytes')} B in all; inner optimizer bytes equal: "
+                     f"{m['inner_bytes_equal']}")
     if "sparse_over_dense_fc1_bytes" in m:
         v = m["sparse_over_dense_fc1_bytes"]
         notes.append(f"memory, sparse state / dense hold, optimizer bytes for fc1 (1% trainable): {v:.4f}  "
@@ -146,7 +148,8 @@ def _met(row: Row) -> str:
     median, low, high = row["wall"]
     if row.get("at_least"):  # a floor: mirror the ceiling's rules
         if low < target <= high:
-            return f"undecided: inside the range over rounds (median {'at or over' if median >= target else 'under'} it)"
+            return ("undecided: inside the range over rounds "
+                    f"(median {'at or over' if median >= target else 'under'} it)")
         if median >= target:
             return "met"
         return "met in CPU time only" if row["cpu"] and row["cpu"][0] >= target else "NOT met"
@@ -188,7 +191,8 @@ def _markdown(results: dict, context: dict) -> str:
         "and the whole range over rounds are at or under it, NOT met when the range lies above it, undecided when it "
         "lies inside the range (\"met in CPU time only\": wall time misses, the CPU-time median meets it); a target "
         "marked ≥ (the parameter server's scaling) is a floor, with the same rules mirrored. The parameter-server rows "
-        "are over interleaved repeats of whole jobs (bench/bench_ps.py); their byte ratios, not times, follow the table.",
+        "are over interleaved repeats of whole jobs (bench/bench_ps.py); their byte ratios, not times, follow the "
+        "table.",
         "",
         f"- commit: `{context['commit']}`{' (with uncommitted changes)' if context['dirty'] else ''}; "
         f"finished {context['finished_at']}; {context['seconds']:.0f} s in all",
@@ -286,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     if publish is not None:
         import keras
         import tensorflow as tf
-        context = {"commit": _git("rev-parse", "HEAD"), "dirty": bool(_git("status", "--porcelain", "--", "lib", "bench")),
+        context = {"commit": _git("rev-parse", "HEAD"),
+                   "dirty": bool(_git("status", "--porcelain", "--", "lib", "bench")),
                    "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                    "seconds": round(seconds, 1), "machine": machine, "load": load.result,
                    "versions": {"tensorflow": tf.__version__, "keras": keras.__version__}}
