@@ -50,7 +50,8 @@ from typing import Any
 __version__ = "0.1.0"
 
 MODULES = ("downpour.checks", "downpour.jsonio", "downpour.config", "downpour.bind", "downpour.console",
-           "downpour.cluster", "downpour.faults", "downpour.checkpoints", "downpour.local", "downpour.data", "downpour.sparse",
+           "downpour.cluster", "downpour.faults", "downpour.checkpoints", "downpour.local", "downpour.data",
+           "downpour.sparse",
            "downpour.model", "downpour.optimizer", "downpour.variables", "downpour.result", "downpour.worker",
            "downpour.chief", "downpour.launcher", "downpour.supervisor", "downpour.roles", "downpour.__main__",
            "downpour.examples")

@@ -3,8 +3,8 @@
 TensorFlow 2.21's gRPC server always listens on every interface of its port, IPv4 and IPv6: ``GrpcServer::Init``
 (``tensorflow/core/distributed_runtime/rpc/grpc_server_lib.cc``) calls ``AddListeningPort("[::]:<port>")``
 whatever host the task's address names, and no option changes that. A task (on 127.0.0.1 by default, or
-``--bind ADDRESS``) therefore runs with a tiny ``LD_PRELOAD`` library (``SHIM_SOURCE``, built once with the system's C compiler into
-``~/.cache/downpour``) that turns that wildcard ``bind()`` into a bind to ``ADDRESS``; the task then reads
+``--bind ADDRESS``) therefore runs with a tiny ``LD_PRELOAD`` library (``SHIM_SOURCE``, built once with the system's C
+compiler into ``~/.cache/downpour``) that turns that wildcard ``bind()`` into a bind to ``ADDRESS``; the task then reads
 ``/proc/net/tcp*`` and exits with an error unless its port listens on ``ADDRESS`` only (``check_listening``).
 Linux (glibc) only. Every other ``bind()`` passes through unchanged.
 

@@ -235,7 +235,8 @@ class _Chief:
                     return tf.constant(0)
 
                 try:
-                    faults.with_deadline(lambda mark=mark: mark().numpy(), 10.0, f"telling {job}:{i}")  # printed: returns
+                    # printed: returns
+                    faults.with_deadline(lambda mark=mark: mark().numpy(), 10.0, f"telling {job}:{i}")
                 except Exception:  # noqa: BLE001 - a task that is gone cannot be told
                     pass
 
@@ -294,7 +295,8 @@ class _Chief:
         self.dataset_graph_bytes = graph.as_graph_def().ByteSize()
         self.iterator = iter(self.coordinator.create_per_worker_dataset(
             lambda: make(tf.distribute.coordinator.experimental_get_current_worker_index(), workers)))
-        self.fn = worker_function(self.model, ps, config, tf.distribute.coordinator.experimental_get_current_worker_index)
+        self.fn = worker_function(self.model, ps, config,
+                                  tf.distribute.coordinator.experimental_get_current_worker_index)
         self.log(f"dataset graph {self.dataset_graph_bytes} bytes; the loop is on the workers")
 
     def check_data(self) -> Any:

@@ -103,9 +103,9 @@ class DownpourConfig:
       ``"train"`` or ``"test"``, returning an unbatched ``tf.data.Dataset`` of ``(x, y)`` that reads its files
       when it runs (``FixedLengthRecordDataset``, ``TFRecordDataset``, ``CsvDataset``...), so that each worker
       reads them from its own disk. ``x`` and ``y`` may be tensors or dicts / lists of tensors (a model with
-      several inputs or outputs); they are checked against the model's inputs before training. When it also takes ``worker`` and ``workers`` it shards the training data
-      itself; else every worker keeps every ``workers``-th element. A job must name one; ``downpour.data:idx``
-      reads MNIST's IDX files (``data_kwargs={"folder": ...}``).
+      several inputs or outputs); they are checked against the model's inputs before training. When it also takes
+      ``worker`` and ``workers`` it shards the training data itself; else every worker keeps every ``workers``-th
+      element. A job must name one; ``downpour.data:idx`` reads MNIST's IDX files (``data_kwargs={"folder": ...}``).
     * ``loss``: None (sparse categorical cross-entropy, ``from_logits``), a Keras loss name or config dict, or a
       ``"module:function"`` of ``(y_true, y_pred)``.
     * ``optimizer`` on the ps: ``"sgd"`` (Downpour's ``v -= lr*T(g)``, the default) or ``"adagrad"`` (DistBelief's

@@ -5,8 +5,8 @@
 ``tf.distribute.Server`` cannot be shut down from inside its process. ``GRPC_FAIL_FAST=use_caller`` is set for
 every task, as the TensorFlow tutorial does. With ``bind="auto"`` (default) every task listens on 127.0.0.1 only
 (``downpour.bind``, Linux with a C compiler); where that cannot be enforced ``LocalCluster`` refuses to start,
-naming why, unless ``bind=None`` accepts TensorFlow's default of every interface (``--bind 0.0.0.0``). Each task's terminal output
-(its one-line messages) goes to ``<logs>/<job><index>.log``, the rest of its output (TensorFlow's) to
+naming why, unless ``bind=None`` accepts TensorFlow's default of every interface (``--bind 0.0.0.0``). Each task's
+terminal output (its one-line messages) goes to ``<logs>/<job><index>.log``, the rest of its output (TensorFlow's) to
 ``<logs>/<job>-<index>-<port>.log``.
 
 ``with LocalCluster(workers=2, ps=2) as cluster: run_downpour(DownpourConfig(workers=2, ps=2), cluster)``

@@ -253,7 +253,8 @@ def test_without_a_compiler_bind_gives_one_line_and_local_cluster_refuses(tmp_pa
     for name, value in bare.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(bind.BindError, match=r"LocalCluster: cannot keep the tasks on loopback \(--bind: listening "
-                                             r"on one address.*needs a C compiler.*pass bind=None to let them listen on every interface"):
+                                             r"on one address.*needs a C compiler.*pass bind=None to let them listen "
+                                             r"on every interface"):
         LocalCluster(workers=1, ps=1)
 
 

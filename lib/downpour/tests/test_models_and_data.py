@@ -101,7 +101,8 @@ def test_a_two_input_model_with_an_embedding_trains_in_the_local_loop_with_spars
         job = DownpourConfig(model="downpour.examples.tokens.model:build", data="downpour.examples.tokens.data:dataset",
                              data_kwargs={"folder": str(folder)}, loss={"class_name": "BinaryCrossentropy",
                                                                         "config": {"from_logits": True}},
-                             optimizer="adam", learning_rate=0.01, masks="downpour.examples.tokens.model:new_tokens_only",
+                             optimizer="adam", learning_rate=0.01,
+                             masks="downpour.examples.tokens.model:new_tokens_only",
                              batch=16, n_fetch=2, n_push=2, steps_per_function=4, sparse_push=sparse_push)
         model = build_model(job)
         ps = PsVariables(model, job)
@@ -151,7 +152,8 @@ def test_an_embedding_is_fetched_as_the_rows_the_next_batches_look_up_and_trains
         job = DownpourConfig(model="downpour.examples.tokens.model:build", data="downpour.examples.tokens.data:dataset",
                              data_kwargs={"folder": str(folder)}, loss={"class_name": "BinaryCrossentropy",
                                                                         "config": {"from_logits": True}},
-                             optimizer="adam", learning_rate=0.01, masks="downpour.examples.tokens.model:new_tokens_only",
+                             optimizer="adam", learning_rate=0.01,
+                             masks="downpour.examples.tokens.model:new_tokens_only",
                              batch=16, n_fetch=4, n_push=2, steps_per_function=8, shuffle_buffer=1,
                              sparse_fetch=sparse_fetch)
         model = build_model(job)

@@ -43,7 +43,8 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_every_module_imports_only_modules_listed_before_it_so_there_is_no_cycle():
-    files = {p.stem: p for p in LIB.glob("*.py") if p.stem != "__init__"} | {"examples": LIB / "examples" / "__init__.py"}
+    files = ({p.stem: p for p in LIB.glob("*.py") if p.stem != "__init__"}
+             | {"examples": LIB / "examples" / "__init__.py"})
     assert {f"downpour.{name}" for name in files} == set(downpour.MODULES)
     for position, module in enumerate(downpour.MODULES):
         later = set(downpour.MODULES[position:])

@@ -35,7 +35,8 @@ from downpour.examples import tabular
 @pytest.mark.parametrize("args, message", [
     (["--job", "/nowhere/job.json"], "downpour: --job: '/nowhere/job.json' is neither a JSON object nor a file"),
     (["--job", '{"steps": 8}', "--workers", "0"], "downpour: workers: expected an integer >= 1"),
-    (["--job", '{"steps": 8}', "--max-restarts", "-1"], "downpour: --max-restarts and --ps-wait: expected numbers >= 0"),
+    (["--job", '{"steps": 8}', "--max-restarts", "-1"],
+     "downpour: --max-restarts and --ps-wait: expected numbers >= 0"),
 ])
 def test_bad_arguments_end_the_command_with_one_line_and_exit_2_before_any_task_starts(args, message):
     run = subprocess.run([sys.executable, "-m", "downpour", "local", *args], capture_output=True, text=True,
