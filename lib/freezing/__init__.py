@@ -13,9 +13,9 @@ One module per idea:
                           ``_restore`` (eager steps: the frozen bits selected back), ``_tuning`` (its
                           thresholds: speed only, not API), ``_keras_api`` (every private Keras/TensorFlow
                           name, checked at build), ``_surface`` (the inner optimizer's options seen
-                          through the wrapper), ``_saving`` (config and state), ``_sizes`` (bytes held), ``_sparse_state``
-                          (state for a fixed selection only), ``_distribute`` (what each strategy runs
-                          or refuses).
+                          through the wrapper), ``_saving`` (config and state), ``_sizes`` (bytes held),
+                          ``_sparse_state`` (state for a fixed selection only), ``_distribute`` (what each
+                          strategy runs or refuses).
 * ``loading``          -- ``load_model``: ``keras.saving.load_model`` that also restores the optimizer of a
                           model with its own ``compile`` (keras-hub tasks), masks and state included.
 * ``schedule``         -- ``MaskSchedule``: staged unfreezing inside one ``fit`` call.

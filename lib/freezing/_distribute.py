@@ -95,5 +95,6 @@ def _check_options(wrapper: Any, strategy: Any, where: str) -> None:
     if isinstance(strategy, tf.distribute.OneDeviceStrategy):
         return
     if wrapper.state == "sparse":
-        raise ValueError(f"MaskedOptimizer ({where}): state='sparse' is not supported under {_strategy_name(strategy)}; "
+        raise ValueError(f"MaskedOptimizer ({where}): state='sparse' is not supported under "
+                         f"{_strategy_name(strategy)}; "
                          "use state='dense'")

@@ -120,7 +120,8 @@ def check(optimizer: keras.optimizers.Optimizer) -> None:
         if not isinstance(getattr(ops.Graph(), FUNCTIONS), dict):
             raise AttributeError(f"tf.Graph.{FUNCTIONS} is not a dict")
     except (ImportError, AttributeError) as e:
-        raise RuntimeError(f"freezing: {versions}: a TensorFlow internal MaskedOptimizer relies on is gone ({e})") from None
+        raise RuntimeError(f"freezing: {versions}: a TensorFlow internal MaskedOptimizer relies on is gone "
+                           f"({e})") from None
 
 
 # -- variables ---------------------------------------------------------------------------------------
@@ -253,7 +254,8 @@ def moving_averages(optimizer: Any) -> list[Any]:
 def initial_accumulator(optimizer: Any, slot_name: str) -> float:
     """The value an accumulator slot starts from: Keras' ``initial_accumulator_value`` (Adagrad, Ftrl), or
     ``tf.compat.v1``'s private ``_initial_accumulator_value`` / ``_initial_gradient_squared_accumulator_value``."""
-    if slot_name == "gradient_squared_accumulator" and hasattr(optimizer, "_initial_gradient_squared_accumulator_value"):
+    if (slot_name == "gradient_squared_accumulator"
+            and hasattr(optimizer, "_initial_gradient_squared_accumulator_value")):
         return float(optimizer._initial_gradient_squared_accumulator_value)
     if slot_name in ("accumulator", "accum"):
         for attr in ("initial_accumulator_value", "_initial_accumulator_value"):

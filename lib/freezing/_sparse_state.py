@@ -23,9 +23,10 @@ scalar loops round differently (the gather moves entries between them: a few ulp
 A selection that is wholly frozen keeps no state at all; a wholly trainable one is a dense variable.
 The selection is fixed: after ``build`` only the same mask is accepted (``set_mask`` raises).
 
-**The base options** end where dense state ends, bit for bit (``tests/library/test_masked_optimizer_sparse_options.py``):
-weight decay, ``clipvalue``, ``clipnorm`` and ``global_clipnorm`` (the frozen entries' gradients are zero
-for the norm in dense state and absent here), gradient accumulation (K-entry accumulators), and ``use_ema``
+**The base options** end where dense state ends, bit for bit
+(``tests/library/test_masked_optimizer_sparse_options.py``): weight decay, ``clipvalue``, ``clipnorm`` and
+``global_clipnorm`` (the frozen entries' gradients are zero for the norm in dense state and absent here), gradient
+accumulation (K-entry accumulators), and ``use_ema``
 with K-entry averages: ``fit``'s final overwrite (``finalize_variable_values``) writes them into the selection,
 and ``keras.callbacks.SwapEMAWeights`` sees full-size averages (``ema_view``). Refused when built, because the
 result would differ: ``norms="all"`` with ``clipnorm``/``global_clipnorm``, and ``use_ema`` on an optimizer
@@ -89,8 +90,9 @@ class SparseState:
                              "have to see frozen entries' gradients, which sparse state never gathers; use "
                              "norms='trainable' (the default) or state='dense'")
         if any(leaf.use_ema for leaf in leaves) and any(leaf is not wrapper.inner for leaf in leaves):
-            raise ValueError("MaskedOptimizer: state='sparse' with use_ema=True needs the EMA optimizer directly inside "
-                             "it: keras.callbacks.SwapEMAWeights looks past a LossScaleOptimizer or MultiOptimizer at "
+            raise ValueError("MaskedOptimizer: state='sparse' with use_ema=True needs the EMA optimizer directly "
+                             "inside it: keras.callbacks.SwapEMAWeights looks past a LossScaleOptimizer or "
+                             "MultiOptimizer at "
                              "the sparse scratch values. Wrap the plain optimizer (for mixed precision, a dtype "
                              "policy makes compile wrap the MaskedOptimizer itself) or use state='dense'")
 
@@ -198,7 +200,8 @@ class SparseState:
         return flat.reshape(tuple(variable.shape))
 
     def to_full(self, variable: Any, values: np.ndarray) -> np.ndarray:
-        """Per-entry values of a sparse variable's K trainable entries, placed in an array shaped like it (0 elsewhere)."""
+        """Per-entry values of a sparse variable's K trainable entries, placed in an array shaped like it
+        (0 elsewhere)."""
         entry = self.entries[key(variable)]
         flat = np.zeros(int(np.prod(variable.shape)), np.asarray(values).dtype)
         flat[entry.index.numpy()] = np.asarray(values).reshape(-1)
@@ -365,4 +368,5 @@ def _select_slices_static(g: tf.IndexedSlices, flat: tf.Tensor, shape: tuple[int
     candidates = tf.reshape(tf.cast(g.indices, tf.int32)[:, None] * row + tf.range(row, dtype=tf.int32)[None, :], [-1])
     at = tf.minimum(tf.searchsorted(flat, candidates, out_type=tf.int32), int(flat.shape[0]) - 1)
     positions = tf.where(tf.gather(flat, at) == candidates, at, -1)
-    return tf.IndexedSlices(tf.reshape(g.values, [-1]), positions, dense_shape=tf.constant([int(flat.shape[0])], tf.int32))
+    return tf.IndexedSlices(tf.reshape(g.values, [-1]), positions,
+                            dense_shape=tf.constant([int(flat.shape[0])], tf.int32))

@@ -3,9 +3,10 @@
 Keras code and callbacks read attributes straight off ``model.optimizer``: ``LearningRateScheduler``
 and ``ReduceLROnPlateau`` the learning rate, ``TensorBoard`` too, ``SwapEMAWeights`` ``use_ema`` and the
 averages, ``LossScaleOptimizer`` and ``MultiOptimizer`` ``loss_scale_factor``, Keras' own tests
-``_clip_gradients``, ``initial_scale`` and ``optimizers`` (the private names are those of ``freezing._keras_api``). A wrapper that answered with its own defaults
-would silently switch those features off, so, as in Keras' ``LossScaleOptimizer``, every option of the
-inner optimizer is read and written through, and any other attribute the wrapper does not have is
+``_clip_gradients``, ``initial_scale`` and ``optimizers`` (the private names are those of ``freezing._keras_api``).
+A wrapper that answered with its own defaults would silently switch those features off, so, as in Keras'
+``LossScaleOptimizer``, every option of the inner optimizer is read and written through, and any other attribute the
+wrapper does not have is
 looked up on the inner optimizer. Keras' per-variable ``update_step`` and its weight decay, called on the
 wrapper, run the inner optimizer's with the stored masks in force.
 """
@@ -141,7 +142,8 @@ class InnerSurface:
         Keras calls as ``_apply_weight_decay`` on the wrapper).
 
         >>> import keras, numpy as np; from freezing import MaskedOptimizer
-        >>> w = keras.Variable([1.0, 1.0], name="w"); opt = MaskedOptimizer(keras.optimizers.AdamW(1.0, weight_decay=0.5))
+        >>> w = keras.Variable([1.0, 1.0], name="w")
+        >>> opt = MaskedOptimizer(keras.optimizers.AdamW(1.0, weight_decay=0.5))
         >>> opt.build([w]); opt.set_mask(w, [True, False]); opt._decay_through([w]); w.numpy().tolist()
         [0.5, 1.0]
         """
@@ -149,7 +151,8 @@ class InnerSurface:
 
         def decay() -> None:
             for leaf in self._leaves():
-                _keras_api.apply_weight_decay(leaf, [v for v in variables if _keras_api.knows(leaf, v)] if leaf.built else variables)
+                _keras_api.apply_weight_decay(
+                    leaf, [v for v in variables if _keras_api.knows(leaf, v)] if leaf.built else variables)
 
         self._guarded(entries, decay, "weight decay")
 

@@ -50,8 +50,8 @@ path          chosen when                                   how the frozen bits 
 An **eager step** (``write_step``) has no trace for the check below to read, so each masked variable whose
 gradient is dense also gets the snapshot-and-select construction (``freezing._restore``): its old bits and its
 state's are read before Keras' ``apply`` and selected back after it, whatever wrote them. An ``IndexedSlices``
-gradient stays a scatter under the guard alone (a snapshot would make the step O(size)). Under XLA, selects with an all-True
-mask give Keras' bits, so ``select`` is exact for an unmasked variable too. A variable with sparse state
+gradient stays a scatter under the guard alone (a snapshot would make the step O(size)). Under XLA, selects with an
+all-True mask give Keras' bits, so ``select`` is exact for an unmasked variable too. A variable with sparse state
 (``freezing._sparse_state``) is not guarded: the inner optimizer updates its K selected entries only.
 
 The thresholds (``freezing._tuning``) change speed, never bits; ``make bench``'s ``hold_unfused`` and
@@ -274,7 +274,8 @@ class _Guard:
         if target.source is None and _in_graph() and not api.in_xla() and _size(var) >= fuse_above:
             return self._fused_write(value, keep, kwargs)
         old = var.value()
-        new = {"assign": lambda: value, "assign_add": lambda: old + value, "assign_sub": lambda: old - value}[self.method]()
+        new = {"assign": lambda: value, "assign_add": lambda: old + value,
+               "assign_sub": lambda: old - value}[self.method]()
         assign = type(var).assign
         return assign(var, _masks.where(keep, new, self._frozen(target, old), old), *args, **kwargs)
 
@@ -383,7 +384,8 @@ def _check_ops(ops: Sequence[Any], handles: dict[int, str], token: str, who: str
         if op.type in CALLS:
             for inner in api.called_graphs(op):
                 mapped = {id(i): handles[id(e)] for e, i in getattr(inner, "captures", ()) if id(e) in handles}
-                for outer_input, inner_input in zip(op.inputs[1 if op.type.endswith(("If", "Case")) else 0:], inner.inputs):
+                for outer_input, inner_input in zip(op.inputs[1 if op.type.endswith(("If", "Case")) else 0:],
+                                                    inner.inputs):
                     if id(outer_input) in handles:
                         mapped[id(inner_input)] = handles[id(outer_input)]
                 if mapped:

@@ -192,7 +192,8 @@ class MaskedOptimizer(MaskAccess, InnerSurface, SavedState, StateSizes, keras.op
         if state == "sparse" and policy == "none":
             raise ValueError("MaskedOptimizer: state='sparse' keeps no state for frozen entries; use policy 'hold'")
         if state == "sparse" and mask_fn is not None:
-            raise ValueError("MaskedOptimizer: state='sparse' is for a fixed selection; a mask_fn changes it every step")
+            raise ValueError("MaskedOptimizer: state='sparse' is for a fixed selection; a mask_fn changes it every "
+                             "step")
         super().__init__(learning_rate=0.0, name=name)
         self.inner = inner
         self.policy, self.norms, self.state, self.mask_fn = policy, norms, state, mask_fn
@@ -201,7 +202,8 @@ class MaskedOptimizer(MaskAccess, InnerSurface, SavedState, StateSizes, keras.op
         object.__setattr__(self, "_pending", {})  # masks set before build: path -> (checked mask, variable or None)
         object.__setattr__(self, "_mask_index", {})  # variable key -> index into the mask store
         object.__setattr__(self, "_paths", [])  # one WritePath per writing optimizer
-        object.__setattr__(self, "_guards", Guards())  # this optimizer's steps in progress: what its variables' guards read
+        # this optimizer's steps in progress: what its variables' guards read
+        object.__setattr__(self, "_guards", Guards())
         object.__setattr__(self, "_sparse", SparseState(self, sparse_sizes or []))
         self._masks = _masks.MaskStore()  # tracked by TF: the masks save with checkpoints
 
@@ -328,7 +330,8 @@ class MaskedOptimizer(MaskAccess, InnerSurface, SavedState, StateSizes, keras.op
     # -- applying a step --------------------------------------------------------------------------
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]], trainable_masks: Sequence[Any] | None = None,
                         masks: Sequence[Any] | None = None) -> Any:
-        """Apply one step; ``trainable_masks[i]`` (None, scalar or broadcastable; 1 = train) overrides pair i's stored mask.
+        """Apply one step; ``trainable_masks[i]`` (None, scalar or broadcastable; 1 = train) overrides pair i's
+        stored mask.
 
         Args:
             grads_and_vars: (gradient, variable) pairs, as for any Keras optimizer.
@@ -424,7 +427,8 @@ class MaskedOptimizer(MaskAccess, InnerSurface, SavedState, StateSizes, keras.op
         return entries_for(self._leaves(), _keras_api.trainable_variables(self), keeps, modes), in_graph
 
     def _step(self, grads: list[Any], variables: list[Any], masks: list[Any] | None) -> None:
-        """One step: the masks and modes, the gradients the policy calls for, then the inner ``apply`` under the guard."""
+        """One step: the masks and modes, the gradients the policy calls for, then the inner ``apply`` under the
+        guard."""
         entries, in_graph = self._entries(variables, masks)
         leaves = self._leaves()
         norms_see_gradients = any(leaf.clipnorm or leaf.global_clipnorm or not isinstance(leaf, ELEMENTWISE)
