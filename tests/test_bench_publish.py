@@ -1,4 +1,5 @@
-"""``bench/run.py``: the published table (BENCH.md and the JSON) and its refusals, on fake benchmarks (nothing timed)."""
+"""``bench/run.py``: the published table (BENCH.md and the JSON) and its refusals, on fake benchmarks
+(nothing timed)."""
 
 from __future__ import annotations
 

@@ -155,7 +155,8 @@ def test_data_that_does_not_fit_the_model_or_a_missing_worker_file_ends_the_chie
 @pytest.mark.slow
 @pytest.mark.cluster
 def test_a_model_with_two_outputs_trains_on_the_cluster(cluster, monkeypatch):
-    job = DownpourConfig(model="downpour.tests.ps_hooks:two_outputs", data="downpour.tests.ps_hooks:two_targets", loss="mse", optimizer="adam",
+    job = DownpourConfig(model="downpour.tests.ps_hooks:two_outputs", data="downpour.tests.ps_hooks:two_targets",
+                         loss="mse", optimizer="adam",
                          learning_rate=0.01, batch=16, steps=64, steps_per_function=4, eval_every=32, eval_samples=64,
                          workers=2, ps=2)
     r = run_downpour(job, cluster, timeout_s=400)
@@ -195,7 +196,8 @@ def test_another_architecture_on_one_worker_is_plain_async_sgd_with_zero_stalene
     assert set(r["staleness"]) == {0}  # one worker: nobody else updates between its fetch and its push
     assert r["applied_updates"] == r["scheduled_steps"] == 48  # n_fetch = n_push = 1
     seen = [p["applied_updates"] for p in r["curve"]]  # read while training runs: at or past each multiple of 16
-    assert seen[0] == 0 and seen[-1] == 48 and seen == sorted(set(seen)) and all(v >= 16 * i for i, v in enumerate(seen))
+    assert (seen[0] == 0 and seen[-1] == 48 and seen == sorted(set(seen))
+            and all(v >= 16 * i for i, v in enumerate(seen)))
     assert r["curve"][-1]["accuracy"] > 0.5 > r["curve"][0]["accuracy"]
     assert any(row["variable"].endswith("bn1/moving_mean") for row in r["placement"])  # non-trainable state on the ps
     # the chief finished its job: each ps task says so (it looks once a second), not that the chief has gone
@@ -294,7 +296,8 @@ def test_faults_are_not_job_fields_and_are_checked_against_the_job():
     ({"model": "study.models.deep_mnist_cnn"}, "model: expected 'module:function'"),
     ({"model": "study.models:no_such_model"}, "model: 'study.models' has no callable 'no_such_model'"),
     ({"transform": "no_such_module:f"}, "transform: cannot import 'no_such_module'"),
-    ({"optimizer": "adamx"}, "optimizer: got 'adamx'; allowed: 'sgd', 'adagrad' \\(Downpour's\\), a Keras optimizer name"),
+    ({"optimizer": "adamx"},
+     "optimizer: got 'adamx'; allowed: 'sgd', 'adagrad' \\(Downpour's\\), a Keras optimizer name"),
     ({"kill_worker_after": 3}, "unexpected keyword argument 'kill_worker_after'"),
     ({"sparse_push": "yes"}, "sparse_push: expected true or false"),
     ({"learning_rate": 0.0}, "learning_rate: expected a number in"),

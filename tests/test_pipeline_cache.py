@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_notebook_01_imports_what_it_uses_and_not_the_other_studies():
     names = set(cache.modules(REPO / "notebooks" / "01_adam_drift.ipynb"))
-    assert {"study.drift.adam_drift", "freezing.masked_optimizer", "freezing", "study", "study.report.reporting"} <= names
+    assert {"study.drift.adam_drift", "freezing.masked_optimizer", "freezing", "study",
+            "study.report.reporting"} <= names
     assert "freezing.slots" in names  # through lib/freezing/__init__.py
     assert not names & {"study.gan.alternating", "study.cnn", "study.report.pipeline", "study.report.cache"}
 
@@ -48,7 +49,8 @@ def test_only_notebook_04_s_key_covers_the_parameter_server(tmp_path):
                 for name in ("01_adam_drift.ipynb", "04_gradients_and_ps.ipynb")}
 
     before = keys()
-    assert not any(name.split(".")[0] == "downpour" for name in cache.modules(REPO / "notebooks" / "01_adam_drift.ipynb"))
+    assert not any(name.split(".")[0] == "downpour"
+                   for name in cache.modules(REPO / "notebooks" / "01_adam_drift.ipynb"))
     for module in sorted((root / "downpour").glob("*.py")):
         module.write_text(module.read_text() + "# changed\n")
     after = keys()

@@ -60,7 +60,8 @@ def private_uses(source: str) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             parts = node.module.split(".")
             names = [a.name for a in node.names]
-            if parts[0] in PACKAGES and (any(p.startswith("_") for p in parts[1:]) or any(n.startswith("_") for n in names)
+            if parts[0] in PACKAGES and (any(p.startswith("_") for p in parts[1:])
+                                         or any(n.startswith("_") for n in names)
                                          or node.module.startswith(("keras.src", "tensorflow.python"))):
                 found.append((node.lineno, f"from {node.module} import {', '.join(names)}"))
     return [f"{line}: {what}" for line, what in sorted(found)]

@@ -39,7 +39,8 @@ KEEP = RNG.random((4, 6)) < 0.5
 def model_and_optimizer(strategy, inner=lambda: keras.optimizers.AdamW(0.05, weight_decay=0.1), seed=0, **kw):
     keras.utils.set_random_seed(seed)
     with strategy.scope():
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(6, name="fc1"), keras.layers.Dense(2, name="fc2")])
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(6, name="fc1"),
+                                  keras.layers.Dense(2, name="fc2")])
         opt = MaskedOptimizer(inner(), **kw)
         model.compile(optimizer=opt, loss="mse")
     return model, opt
@@ -183,7 +184,8 @@ def mirrored() -> dict:
     lopt, lkernel = loaded.optimizer, loaded.get_layer("fc1").kernel
     out["load_is_masked"] = type(lopt).__name__
     out["load_mask_equal"] = bool(np.array_equal(lopt.get_mask(lkernel), KEEP))
-    out["load_state_equal"] = all(a.numpy().tobytes() == b.numpy().tobytes() for a, b in zip(opt.variables, lopt.variables))
+    out["load_state_equal"] = all(a.numpy().tobytes() == b.numpy().tobytes()
+                                  for a, b in zip(opt.variables, lopt.variables))
     before = snapshot(lopt, lkernel)
     loaded.fit(X, Y, epochs=1, batch_size=8, verbose=0, shuffle=False)
     out["load_frozen_changed"] = frozen_changed(before, snapshot(lopt, lkernel), KEEP)
@@ -266,7 +268,8 @@ def mirrored() -> dict:
     opt.set_mask(kernel, KEEP)
     model.fit(X, Y, epochs=1, batch_size=8, verbose=0)
     out["diagnose_masked_frozen"] = [(r.cause, r.entries) for r in diagnose(model, masks={kernel.path: KEEP})]
-    out["diagnose_unmasked"] = sorted({r.cause for r in diagnose(model, masks={model.get_layer("fc2").kernel.path: False})})
+    out["diagnose_unmasked"] = sorted({r.cause
+                                       for r in diagnose(model, masks={model.get_layer("fc2").kernel.path: False})})
 
     # 8. what is refused, and where
     refusals = {}

@@ -23,7 +23,8 @@ def write(request, monkeypatch):
     """Run a test three ways: with the defaults (these small variables always take the masked update in a graph),
     with every variable dispatching on its mode, and with that plus every masked write as one XLA-compiled pass."""
     monkeypatch.setattr(_write_path, "DEFAULT_TUNING", WriteTuning(
-        dispatch_above=1 << 40 if request.param == "small" else 1, fuse_above=1 if request.param == "fused" else 1 << 40))
+        dispatch_above=1 << 40 if request.param == "small" else 1,
+        fuse_above=1 if request.param == "fused" else 1 << 40))
     return request.param
 
 
@@ -179,7 +180,8 @@ def _model(seed=0):
     return keras.Sequential([keras.Input((4,)), keras.layers.Dense(6, name="fc1"), keras.layers.Dense(2, name="fc2")])
 
 
-DATA = np.random.default_rng(4).normal(size=(32, 4)).astype("float32"), np.random.default_rng(5).normal(size=(32, 2)).astype("float32")
+DATA = (np.random.default_rng(4).normal(size=(32, 4)).astype("float32"),
+        np.random.default_rng(5).normal(size=(32, 2)).astype("float32"))
 
 
 class CycleModes(keras.callbacks.Callback):

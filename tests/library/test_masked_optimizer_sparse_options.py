@@ -189,7 +189,8 @@ EMBEDDING_OPTIMIZERS = {
 
 
 @pytest.mark.parametrize("jit", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["graph", "xla"])
-@pytest.mark.parametrize("name", [n if n == "adam" else pytest.param(n, marks=pytest.mark.slow) for n in EMBEDDING_OPTIMIZERS])
+@pytest.mark.parametrize("name", [n if n == "adam" else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in EMBEDDING_OPTIMIZERS])
 def test_an_embedding_sparse_gradient_gives_the_dense_state_bits(name, jit):
     """Duplicate ids included: the inner optimizer gets, at each selected entry, the slices dense state gets
     (Keras' Adam squares each slice before summing duplicates, so a densified gradient would differ). Under XLA

@@ -219,7 +219,8 @@ def mean_std(table: pd.DataFrame, by: Sequence[str], values: Sequence[str]) -> p
 
 
 def format_mean_std(mean: float, std: float, digits: int = 3, decimals: int | None = None) -> str:
-    """``mean ± std`` for a table cell, in plain notation (``study.report.prose.pm``). ``format_mean_std(0.5, 0.01) == "0.5 ± 0.01"``"""
+    """``mean ± std`` for a table cell, in plain notation (``study.report.prose.pm``).
+    ``format_mean_std(0.5, 0.01) == "0.5 ± 0.01"``"""
     from study.report.prose import pm
 
     return pm(mean, std, digits, decimals)  # plain notation, '1.5e-5' below 1e-4; one seed (NaN std): the mean alone
