@@ -33,7 +33,8 @@ def committed(name: str) -> dict[str, Any]:
 
 
 def scale_timings(value: Any, declared: dict[str, str], factor: float, path: str = "", kind: str | None = None) -> Any:
-    """``value`` with every number of a timing kind (timing, ratio of timings, their spread) multiplied by ``factor``."""
+    """``value`` with every number of a timing kind (timing,
+    ratio of timings, their spread) multiplied by ``factor``."""
     own = kinds.match(path, declared) if path else None
     kind = own or kind
     if isinstance(value, dict):

@@ -1,4 +1,5 @@
-"""``set_mask``, ``get_mask``, ``clear_mask``: what they accept, resolved to variables, and the masks set before ``build``.
+"""``set_mask``, ``get_mask``, ``clear_mask``: what they accept, resolved to variables, and the masks set before
+``build``.
 
 ``MaskAccess`` is the part of ``MaskedOptimizer`` that takes masks in (the way of a mask: ``freezing._masks``).
 
@@ -178,7 +179,8 @@ class MaskAccess:
         return [self._resolve(target, where)]
 
     def _resolve(self, target: Any, where: str = "apply") -> Any:
-        """A variable or a path string -> the built variable; ``ValueError`` for one the optimizer was not built with."""
+        """A variable or a path string -> the built variable;
+        ``ValueError`` for one the optimizer was not built with."""
         if isinstance(target, str):
             return find_path(target, _keras_api.trainable_variables(self), where)
         if _keras_api.key(target) not in self._mask_index:

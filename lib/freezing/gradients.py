@@ -91,7 +91,8 @@ def apply(grads: Sequence[Any], variables: Sequence[Any], optimizer: Any = None,
         optimizer: a Keras optimizer (``MaskedOptimizer`` included) whose ``apply_gradients``
             takes the pairs; give this or ``learning_rate``, not both.
         learning_rate: the step size of a plain gradient-descent step without optimizer state.
-        trainable_masks: per-variable masks (True trains) passed on as ``apply_gradients(..., trainable_masks=...)``; only for an
+        trainable_masks: per-variable masks (True trains) passed on as ``apply_gradients(..., trainable_masks=...)``;
+        only for an
             optimizer that accepts them (``MaskedOptimizer``).
 
     Returns:

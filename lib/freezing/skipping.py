@@ -1,4 +1,5 @@
-"""Skip the gradient of a tensor frozen whole: ``SkipFrozen`` for ``fit``, ``variables_to_differentiate`` for custom loops.
+"""Skip the gradient of a tensor frozen whole: ``SkipFrozen`` for ``fit``, ``variables_to_differentiate`` for custom
+loops.
 
 A ``MaskedOptimizer`` keeps every bit of a frozen entry, but the model still computes the gradient of a variable
 whose every entry is frozen, and throws it away. Leaving that variable out of the gradient computation, as
@@ -129,7 +130,8 @@ def variables_to_differentiate(optimizer: Any, variables: Sequence[Any]) -> list
 
 
 class SkipFrozen(keras.callbacks.Callback):
-    """A ``fit`` callback: a variable whose stored mask is wholly frozen is not differentiated, as with ``trainable=False``.
+    """A ``fit`` callback: a variable whose stored mask is wholly frozen is not differentiated, as with
+    ``trainable=False``.
 
     The model must be compiled with a ``MaskedOptimizer`` (or a ``LossScaleOptimizer`` around one); ``fit``
     builds it with the model's trainable variables, which must be every variable it will ever update. The

@@ -33,7 +33,8 @@ def forward(model: keras.Sequential, x: Any, training: bool = False, feature_kee
 
 
 def batch_indices(n: int, batch: int, steps: int, seed: int) -> Iterator[np.ndarray]:
-    """Indices of ``steps`` minibatches, reshuffled every epoch. ``next(batch_indices(100, 10, 5, 0)).shape == (10,)``"""
+    """Indices of ``steps`` minibatches, reshuffled every epoch.
+    ``next(batch_indices(100, 10, 5, 0)).shape == (10,)``"""
     rng = np.random.default_rng(seed)
     order, pos = rng.permutation(n), 0
     for _ in range(steps):

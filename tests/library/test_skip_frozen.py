@@ -1,4 +1,5 @@
-"""``freezing.SkipFrozen`` and ``variables_to_differentiate``: a variable frozen whole is not differentiated, nothing else changes.
+"""``freezing.SkipFrozen`` and ``variables_to_differentiate``: a variable frozen whole is not differentiated, nothing
+else changes.
 
 The reference is the same run with masks only: skipping must give every bit of every weight and of the optimizer's
 state that run gives, differentiate only what trains, cost one trace per change of the wholly frozen set, and put

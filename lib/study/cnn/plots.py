@@ -145,7 +145,8 @@ def masked_curves(table: pd.DataFrame, value: str, ylabel: str, log: bool = Fals
 
 
 def accuracy_vs_p(summary: pd.DataFrame) -> plt.Figure:
-    """Final test accuracy against the trainable fraction p, a line per method, a panel per optimizer. ``accuracy_vs_p(s)``"""
+    """Final test accuracy against the trainable fraction p, a line
+    per method, a panel per optimizer. ``accuracy_vs_p(s)``"""
     optimizers = list(dict.fromkeys(summary["optimizer"]))
     ps = sorted(summary["p"].unique())
     fig, axes = plt.subplots(1, len(optimizers), figsize=(3.9 * len(optimizers) + 0.6, 3.8), squeeze=False,

@@ -55,7 +55,8 @@ MASKED_SUMMARY_COLUMNS = {
 
 
 def masked_runs(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per run of a steps table: final accuracy, frozen entries changed over all steps, worst |ΔW|, step time."""
+    """One row per run of a steps table: final accuracy, frozen
+    entries changed over all steps, worst |ΔW|, step time."""
     keys = run_keys(table)
     if table.empty:
         return pd.DataFrame(columns=[*keys, *_RUN_VALUES])
@@ -87,7 +88,8 @@ def masked_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def formatted(table: pd.DataFrame, formats: Mapping[str, str], index: Sequence[str] = ()) -> pd.DataFrame:
-    """``table`` with the columns in ``formats`` as text (``"{:+.3f}"`` style), for display. ``formatted(t, {"a": "{:.1f}"})``"""
+    """``table`` with the columns in ``formats`` as text (``"{:+.3f}"``
+    style), for display. ``formatted(t, {"a": "{:.1f}"})``"""
     out = table.copy()
     for column, spec in formats.items():
         out[column] = [spec.format(v) if v == v else "" for v in out[column]]
@@ -95,7 +97,8 @@ def formatted(table: pd.DataFrame, formats: Mapping[str, str], index: Sequence[s
 
 
 def config_table(config: CnnStudyConfig) -> pd.DataFrame:
-    """The resolved parameters, one row each, as text; learning rates only of the optimizers used. ``config_table(cfg)``"""
+    """The resolved parameters, one row each, as text; learning
+    rates only of the optimizers used. ``config_table(cfg)``"""
     values = config.plain()
     used = {*config.finetune_optimizers, *config.mask_optimizers, *config.block_optimizers}
     values["learning_rates"] = {k: v for k, v in config.learning_rates.items() if k in used}

@@ -186,7 +186,8 @@ def seed2_tf1(method: str) -> pd.DataFrame:
 
 
 def seed2_tf2(method: str) -> pd.DataFrame:
-    """Run the seed's example eagerly with Keras 3 Adam, naive, fixed by hand, or MaskedOptimizer. ``seed2_tf2("hold")``"""
+    """Run the seed's example eagerly with Keras 3 Adam, naive,
+    fixed by hand, or MaskedOptimizer. ``seed2_tf2("hold")``"""
     check_choice("method", method, SEED2_TF2_METHODS)
     w = tf.Variable(tf.zeros(4), name="W")
     opt = keras.optimizers.Adam(SEED2_LR, epsilon=1e-8)  # TF1's default epsilon, to compare exactly
@@ -221,7 +222,8 @@ def _regression(size: int, seed: int) -> tuple[tf.Tensor, tf.Tensor, np.ndarray,
 
 def drift_run(optimizer: str, policy: str, *, steps: int, warmup: int, size: int, seed: int,
               learning_rate: float) -> pd.DataFrame:
-    """Train a least-squares toy, then freeze half of W; one row per step after freezing. ``drift_run("adam", "naive", ...)``
+    """Train a least-squares toy, then freeze half of W; one row per step after freezing.
+    ``drift_run("adam", "naive", ...)``
 
     Columns: ``changed_entries`` (frozen entries whose bits changed in this step), ``max_abs_dW`` (largest
     |ΔW| of a frozen entry in this step), ``max_abs_displacement`` (largest |W − W_freeze| so far),
@@ -301,7 +303,8 @@ def predict_adam_drift(m0: np.ndarray, v0: np.ndarray, t0: int, steps: int, lear
 
 
 def adam_drift_vs_prediction(*, steps: int, warmup: int, size: int, seed: int, learning_rate: float) -> pd.DataFrame:
-    """Measured drift of frozen entries under Keras Adam with a naive gate, beside the prediction. ``adam_drift_vs_prediction(steps=20, ...)``
+    """Measured drift of frozen entries under Keras Adam with a naive gate, beside the prediction.
+    ``adam_drift_vs_prediction(steps=20, ...)``
 
     ``measured`` and ``predicted`` are signed displacements W − W_freeze of each frozen entry after each step.
     """

@@ -100,7 +100,8 @@ def drift_heatmap(matrix: pd.DataFrame, labels: dict[str, str] | None = None) ->
 
 
 def prediction_vs_measurement(prediction: pd.DataFrame) -> plt.Figure:
-    """Left: measured vs predicted W − W_freeze; right: drift and prediction error per step. ``prediction_vs_measurement(p)``"""
+    """Left: measured vs predicted W − W_freeze; right: drift and
+    prediction error per step. ``prediction_vs_measurement(p)``"""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     left.scatter(prediction["predicted"], prediction["measured"], s=6, alpha=0.5, label="a frozen entry after a step")
     lim = float(np.abs(prediction[["predicted", "measured"]].to_numpy()).max()) * 1.05

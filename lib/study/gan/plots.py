@@ -97,7 +97,8 @@ def sample_grids(grids: dict, quality: pd.DataFrame | None = None, optimizer: st
 
 
 def gan_drift_bars(summary: pd.DataFrame) -> plt.Figure:
-    """What should stay frozen: changed entries and max |ΔW| per method and optimizer (zeros labelled). ``gan_drift_bars(s)``"""
+    """What should stay frozen: changed entries and max |ΔW| per
+    method and optimizer (zeros labelled). ``gan_drift_bars(s)``"""
     methods = list(dict.fromkeys(summary["method"]))
     optimizers = list(dict.fromkeys(summary["optimizer"]))
     changed = ["g_changed_entries_in_d_step", "d_changed_entries_in_g_step", "gated_changed_entries"]
@@ -129,7 +130,8 @@ def gan_drift_bars(summary: pd.DataFrame) -> plt.Figure:
 
 
 def gan_coverage(runs: pd.DataFrame) -> plt.Figure:
-    """Classes the judge sees in the samples and its confidence, per method and optimizer; a dot per seed. ``gan_coverage(runs)``"""
+    """Classes the judge sees in the samples and its confidence, per
+    method and optimizer; a dot per seed. ``gan_coverage(runs)``"""
     methods = list(dict.fromkeys(runs["method"]))
     optimizers = list(dict.fromkeys(runs["optimizer"]))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharex=True, layout="constrained")

@@ -20,7 +20,8 @@ from study.recipes.setup import (
 
 
 def new_columns_study(config: RecipesConfig, data: MnistSplits, pretrained: Mapping[int, Pretrained]) -> StudyResult:
-    """Train only the 5 new output columns of the extended classifier on digits 5-9; body frozen. ``new_columns_study(cfg, data, pre)``"""
+    """Train only the 5 new output columns of the extended classifier on
+    digits 5-9; body frozen. ``new_columns_study(cfg, data, pre)``"""
     _, (x_new, y_new) = old_new(data.x_train, data.y_train)
     keep = np.arange(10) >= OLD_CLASSES  # the new columns train
     rows, diagnosis = [], []

@@ -63,7 +63,8 @@ def new_columns(runs: pd.DataFrame) -> plt.Figure:
 
 
 def pruning(runs: pd.DataFrame) -> plt.Figure:
-    """Recipe 2: fc1 sparsity at the end and accuracy after fine-tuning vs target sparsity, per optimizer. ``pruning(r2.runs)``"""
+    """Recipe 2: fc1 sparsity at the end and accuracy after fine-tuning
+    vs target sparsity, per optimizer. ``pruning(r2.runs)``"""
     optimizers = list(dict.fromkeys(runs["optimizer"]))
     fig, axes = plt.subplots(2, len(optimizers), figsize=(5.2 * len(optimizers), 7), squeeze=False, sharex=True)
     for col, name in enumerate(optimizers):
@@ -114,7 +115,8 @@ def _noise_note(rows: pd.DataFrame, column: str) -> str:
 
 
 def unfreezing(curves: pd.DataFrame, every: int, layers: Sequence[str]) -> plt.Figure:
-    """Recipe 3: accuracy per epoch, and the head's Adam momentum across stage boundaries. ``unfreezing(r3.extra["curves"], 1, names)``"""
+    """Recipe 3: accuracy per epoch, and the head's Adam momentum across
+    stage boundaries. ``unfreezing(r3.extra["curves"], 1, names)``"""
     fig, (acc_ax, mom_ax) = plt.subplots(1, 2, figsize=(12, 4))
     ends = curves[curves["when"] == "end"]
     for method, g in ends.groupby("method", sort=False):
@@ -146,7 +148,8 @@ def unfreezing(curves: pd.DataFrame, every: int, layers: Sequence[str]) -> plt.F
 
 
 def sparse(runs: pd.DataFrame) -> plt.Figure:
-    """Recipe 4: new-task accuracy against forgetting, and optimizer memory against step time, per variant. ``sparse(r4.runs)``
+    """Recipe 4: new-task accuracy against forgetting, and optimizer memory against step time, per variant.
+    ``sparse(r4.runs)``
 
     The sparse state trains the same bits as the dense state, so its points sit on the dense ones in the
     left panel (hollow markers).
@@ -195,7 +198,8 @@ def _pick(looks: Sequence[tuple[str, str]], i: int) -> tuple[str, str]:
 
 
 def subnetwork(steps: pd.DataFrame, runs: pd.DataFrame) -> plt.Figure:
-    """Recipe 5: moved frozen entries accumulated over steps, and final accuracy, per method. ``subnetwork(steps, runs)``"""
+    """Recipe 5: moved frozen entries accumulated over steps, and
+    final accuracy, per method. ``subnetwork(steps, runs)``"""
     fig, (moved_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1.6, 1]})
     spreads = []
     for method, g in steps.groupby("method", sort=False):

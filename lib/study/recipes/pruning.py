@@ -58,7 +58,8 @@ def _eval_cnn(model: keras.Model, data: MnistSplits, n: int) -> float:
 
 
 def pretrain_cnns(config: RecipesConfig, data: MnistSplits) -> dict[int, CnnState]:
-    """Per seed: dense training of the Deep MNIST CNN on all digits with Adam; keep weights and Adam state. ``pretrain_cnns(cfg, data)``"""
+    """Per seed: dense training of the Deep MNIST CNN on all digits with
+    Adam; keep weights and Adam state. ``pretrain_cnns(cfg, data)``"""
     model = deep_mnist_cnn()
     opt = make_optimizer("adam", config.learning_rate)
     model.compile(optimizer=opt, loss=LOSS)
@@ -78,7 +79,8 @@ def pretrain_cnns(config: RecipesConfig, data: MnistSplits) -> dict[int, CnnStat
 
 
 def load_cnn_state(model: keras.Model, optimizer: Any, state: CnnState) -> None:
-    """Put a ``CnnState`` into a Deep MNIST CNN and a built Adam/AdamW (looked up through wrappers). ``load_cnn_state(m, opt, s)``"""
+    """Put a ``CnnState`` into a Deep MNIST CNN and a built Adam/AdamW
+    (looked up through wrappers). ``load_cnn_state(m, opt, s)``"""
     restore(model.variables, state.variables)
     inner = freezing.unwrap(optimizer)
     for v in model.trainable_variables:

@@ -46,7 +46,8 @@ class RandomUnits:
 
 # -- 5. random sub-network every step --------------------------------------------------------------------
 def subnetwork_study(config: RecipesConfig, data: MnistSplits) -> StudyResult:
-    """From scratch on all digits, a random ``subnet_p`` of each layer's units trains at every step. ``subnetwork_study(cfg, data)``"""
+    """From scratch on all digits, a random ``subnet_p`` of each layer's
+    units trains at every step. ``subnetwork_study(cfg, data)``"""
     rows, steps, diagnosis = [], [], []
     for method in SUBNET_METHODS:
         model = mlp(10, config.hidden)

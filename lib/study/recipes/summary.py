@@ -17,7 +17,8 @@ from study.recipes.setup import NEW_COLUMN_METHODS, SUBNET_METHODS, StudyResult
 
 # -- summaries, tables, headline -------------------------------------------------------------------------
 def summarize(runs: pd.DataFrame, by: Sequence[str], values: Sequence[str]) -> pd.DataFrame:
-    """Mean, std, min and max over seeds of ``values`` per group, and the seed count. ``summarize(r, ["method"], ["acc_new"])``"""
+    """Mean, std, min and max over seeds of ``values`` per group,
+    and the seed count. ``summarize(r, ["method"], ["acc_new"])``"""
     grouped = runs.groupby(list(by), sort=False, dropna=False)
     out = grouped[list(values)].agg(["mean", "std", "min", "max"])
     out.columns = [f"{v}_{stat}" for v, stat in out.columns]

@@ -91,10 +91,12 @@ def unfreezing_study(config: RecipesConfig, data: MnistSplits, pretrained: Mappi
     """Gradual unfreezing on digits 5-9, top layer first, one more every ``unfreeze_every`` epochs.
 
     ``mask_schedule``: one ``fit`` with ``MaskSchedule``. ``skip_frozen``: the same with ``freezing.SkipFrozen``
-    (a layer frozen whole is not differentiated; one retrace per stage). ``recompile_fresh``: each stage compiled with its own
+    (a layer frozen whole is not differentiated; one retrace per stage). ``recompile_fresh``: each stage compiled with
+    its own
     flags and a new Adam (one compiled model per stage, its Adam reset for every seed: the same as compiling anew,
     traced once). ``recompile_same``: compile again with the same Adam (first seed only: it raises). ``trainable_flip``:
-    compile once with the first stage's flags, then flip ``trainable`` between ``fit`` calls. ``unfreezing_study(cfg, data, pre)``
+    compile once with the first stage's flags, then flip ``trainable`` between ``fit`` calls.
+    ``unfreezing_study(cfg, data, pre)``
     """
     _, (x_new, y_new) = old_new(data.x_train, data.y_train)
     _, (xt_new, yt_new) = old_new(data.x_test, data.y_test)
