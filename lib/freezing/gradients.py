@@ -120,7 +120,8 @@ def apply(grads: Sequence[Any], variables: Sequence[Any], optimizer: Any = None,
         raise ValueError("apply: give exactly one of optimizer= or learning_rate=")
     if optimizer is None:
         if trainable_masks is not None:
-            raise ValueError("apply: trainable_masks need an optimizer (use MaskedOptimizer); plain assign_sub takes none")
+            raise ValueError("apply: trainable_masks need an optimizer (use MaskedOptimizer); "
+                             "plain assign_sub takes none")
         for g, v in zip(grads, variables):
             v.assign_sub(tf.cast(learning_rate, v.dtype) * tf.convert_to_tensor(g, v.dtype))
     elif trainable_masks is not None:
