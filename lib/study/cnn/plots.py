@@ -50,7 +50,8 @@ def finetune_bars(summary: pd.DataFrame) -> plt.Figure:
         for x, m, sd in zip(xs, rows["acc_new_mean"], rows["acc_new_std"].fillna(0)):
             if m == m:  # below the lower whisker, so that the whisker does not strike it through; upright, so that
                 acc_ax.annotate(f"{m:.{decimals}f}", (x, m - sd), xytext=(0, -4), textcoords="offset points",  # the
-                                ha="center", va="top", rotation=90, fontsize=7, color=colour)  # neighbours' do not touch
+                                ha="center", va="top", rotation=90, fontsize=7,
+                                color=colour)  # neighbours' do not touch
         changed = rows["conv_changed_entries_mean"].to_numpy()
         changed_ax.bar(xs, changed, width, color=colour, label=method)
         for x, c in zip(xs, changed):

@@ -42,7 +42,8 @@ STATELESS = ("sgd", "adagrad", "adadelta", "rmsprop", "ftrl")
 """Optimizers (as built in ``study.optimizers``) that leave an entry with a zero gradient bit for bit still: no
 momentum, no first moment, no weight decay. SGD, RMSprop without momentum, Adagrad and Adadelta take a step
 proportional to the gradient (their state only scales it); Ftrl (with L1 here) recomputes the weight from its
-accumulators, which a zero gradient leaves unchanged. Every other one moves frozen entries under a stop_gradient mask."""
+accumulators, which a zero gradient leaves unchanged. Every other one moves frozen entries under a stop_gradient
+mask."""
 
 
 def optimizer_label(name: str) -> str:
@@ -405,7 +406,8 @@ def drift_table(summary: pd.DataFrame, optimizers: Sequence[str], policies: Sequ
     """
     by = summary.set_index(["optimizer", "policy"])
     steps, frozen = int(summary["steps"].max()), int(summary["frozen_entries"].max())
-    table = pd.DataFrame(index=pd.Index([optimizer_label(o) for o in optimizers], name="optimizer (Keras class, options)"))
+    table = pd.DataFrame(index=pd.Index([optimizer_label(o) for o in optimizers],
+                                        name="optimizer (Keras class, options)"))
     for policy in policies:
         rows = by.xs(policy, level="policy").reindex(list(optimizers))
         table[f"{policy}: frozen entry-steps that changed (of {frozen} × {steps} = {frozen * steps:,})"] = [
@@ -428,7 +430,8 @@ def headline(metrics: dict[str, Any], summary: pd.DataFrame) -> dict[str, str]:
     out = {
         "seed example, Adam: W after step 2, TF1 graph / TF2 Keras (W units)":
             f"{w(s2['tf1_naive_W_step2'])} / {w(s2['tf2_naive_W_step2'])}",
-        "seed example, step 2: max |ΔW| of the frozen W[1], W[2], naive / get_slot reset / MaskedOptimizer hold (W units)":
+        "seed example, step 2: max |ΔW| of the frozen W[1], W[2], naive / get_slot reset / MaskedOptimizer hold "
+        "(W units)":
             f"{s2['tf1_naive_frozen_max_abs_dW_step2']:.4f} / {s2['tf1_reset_slots_frozen_max_abs_dW_step2']:g} / "
             f"{s2['tf2_hold_frozen_max_abs_dW_step2']:g}",
     }
@@ -436,7 +439,8 @@ def headline(metrics: dict[str, Any], summary: pd.DataFrame) -> dict[str, str]:
         f"mask only (naive gate), {int(summary['frozen_entries'].max())} frozen entries, {steps} steps after "
         f"freezing; {spread}")
     for r in summary[summary["policy"] == "naive"].itertuples():
-        out[f"{optimizer_label(r.optimizer)}: frozen entries changed, summed over the steps (count of entry-steps); max |W − W_freeze| "
+        out[f"{optimizer_label(r.optimizer)}: frozen entries changed, summed over the steps (count of entry-steps); "
+            f"max |W − W_freeze| "
             f"at the end (W units)"] = (f"{format_count(r.changed_entries_sum_mean, r.changed_entries_sum_std)}; "
                                         f"{pm(r.max_abs_displacement_mean, r.max_abs_displacement_std)}")
     fixed = summary[summary["policy"] != "naive"]
@@ -445,8 +449,9 @@ def headline(metrics: dict[str, Any], summary: pd.DataFrame) -> dict[str, str]:
         out[f"MaskedOptimizer {policies}, all {fixed['optimizer'].nunique()} optimizers: frozen entries changed, "
             f"summed over {steps} steps and all seeds (count)"] = f"{metrics['fixed_policies_changed_entries']}"
     out["Adam's drift predicted from m, v, β₁, β₂, ε, t: largest |measured − predicted|, and largest |measured| "
-        "for scale (W units)"] = \
-        f"at most {ceil(metrics['prediction_max_abs_error'], 'sci')}, against {num(metrics['prediction_max_abs_drift'])}"
+        "for scale (W units)"] = (
+        f"at most {ceil(metrics['prediction_max_abs_error'], 'sci')}, "
+        f"against {num(metrics['prediction_max_abs_drift'])}")
     return out
 
 

@@ -71,11 +71,14 @@ COLUMNS = {
     "optimizer": "sgd or adam (beta_1 = 0.5)",
     "seed": "seed of the run: initial weights, batches, latent vectors, gate draws",
     "iteration": "iteration (one D step, then one G step)",
-    "g_changed_entries_in_d_step": "G's entries whose bits changed during D steps, summed over iterations (count; summary: mean over seeds)",
+    "g_changed_entries_in_d_step": "G's entries whose bits changed during D steps, summed over iterations (count; "
+                                   "summary: mean over seeds)",
     "g_max_abs_dW_in_d_step": "largest one-step |ΔW| of a G entry during a D step (W units; summary: max over seeds)",
-    "d_changed_entries_in_g_step": "D's entries whose bits changed during G steps, summed over iterations (count; summary: mean over seeds)",
+    "d_changed_entries_in_g_step": "D's entries whose bits changed during G steps, summed over iterations (count; "
+                                   "summary: mean over seeds)",
     "d_max_abs_dW_in_g_step": "largest one-step |ΔW| of a D entry during a G step (W units; summary: max over seeds)",
-    "gated_changed_entries": "gated-off entries of the trained network whose bits changed, summed over iterations (count; summary: mean over seeds)",
+    "gated_changed_entries": "gated-off entries of the trained network whose bits changed, summed over iterations "
+                             "(count; summary: mean over seeds)",
     "gated_max_abs_dW": "largest one-step |ΔW| of a gated-off entry (W units; summary: max over seeds)",
     "time_per_iteration_ms": "median wall time of one iteration, first (tracing) one excluded (ms)",
     "confidence": "the judge's mean top-class probability on generated digits (0-1)",
@@ -342,7 +345,8 @@ class _Runner:
         dc, dm = (x.numpy() for x in self._change_d(d_before))
         # train_on_batch reports the mean over the concatenated real + fake batch, half the sum of the two
         # losses that the other methods report: doubled here, so that every method's D loss is the same quantity.
-        return {"d_loss": 2 * float(np.asarray(d_loss).reshape(-1)[0]), "g_loss": float(np.asarray(g_loss).reshape(-1)[0]),
+        return {"d_loss": 2 * float(np.asarray(d_loss).reshape(-1)[0]),
+                "g_loss": float(np.asarray(g_loss).reshape(-1)[0]),
                 "g_changed_entries_in_d_step": int(gc), "g_max_abs_dW_in_d_step": float(gm),
                 "d_changed_entries_in_g_step": int(dc), "d_max_abs_dW_in_g_step": float(dm),
                 "gated_changed_entries": 0, "gated_max_abs_dW": 0.0,

@@ -29,7 +29,8 @@ def gan_losses(logs: pd.DataFrame) -> plt.Figure:
     gated = [m for m in methods if m in GATED_METHODS]
     groups = [("whole networks", [m for m in methods if m not in GATED_METHODS]),
               ("random gates", (["two_optimizers"] if "two_optimizers" in methods else []) + gated)]
-    groups = [(title, members) for title, members in groups if set(members) - {"two_optimizers"} or title == "whole networks"]
+    groups = [(title, members) for title, members in groups
+              if set(members) - {"two_optimizers"} or title == "whole networks"]
     palette = [c for k, c in enumerate(plt.get_cmap("tab10").colors) if k != 7]  # grey is the reference's
     colours = dict(zip(methods, palette * 2))
     styles = ["-", "--", "-.", ":"]
@@ -114,7 +115,8 @@ def gan_drift_bars(summary: pd.DataFrame) -> plt.Figure:
         for j, name in enumerate(optimizers):
             rows = summary["optimizer"] == name
             v = values[rows].to_numpy()
-            xs = np.array([methods.index(m) for m in summary.loc[rows, "method"]]) + (j - (len(optimizers) - 1) / 2) * width
+            xs = (np.array([methods.index(m) for m in summary.loc[rows, "method"]])
+                  + (j - (len(optimizers) - 1) / 2) * width)
             ax.bar(xs, np.where(v > 0, v, np.nan), width, label=name, color=f"C{j}")
             for x, d in zip(xs, v):
                 if d == 0:
