@@ -85,7 +85,8 @@ def restore(variables: Sequence[Any], values: Sequence[np.ndarray]) -> None:
     for v, value in zip(variables, values):
         known = getattr(v.shape, "rank", 0) is not None  # a mask variable of MaskedOptimizer takes any shape
         if known and tuple(v.shape) != tuple(np.shape(value)):
-            raise ValueError(f"restore: shape {np.shape(value)} does not fit {getattr(v, 'path', v.name)} {tuple(v.shape)}")
+            raise ValueError(f"restore: shape {np.shape(value)} does not fit {getattr(v, 'path', v.name)} "
+                             f"{tuple(v.shape)}")
         v.assign(value)
 
 

@@ -70,7 +70,8 @@ def notebooks(only: list[str] | None = None, folder: Path = DEFAULT_NOTEBOOKS) -
     """The notebooks to run, in order. ``notebooks(["01_adam_drift"])``"""
     folder = Path(folder).resolve()
     if not folder.is_dir():
-        raise PipelineError(f"--notebooks: {folder} is not a folder; run from the repository root or pass --notebooks DIR")
+        raise PipelineError(f"--notebooks: {folder} is not a folder; run from the repository root or pass "
+                            "--notebooks DIR")
     found = sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
     if not only:
         return found

@@ -311,7 +311,8 @@ def fill(source: str, metrics: Mapping[str, Any], where: str = "a finding") -> s
     >>> fill("{{ metrics.missing }}", {"d": 1})
     Traceback (most recent call last):
     ...
-    study.report.prose.ProseError: a finding: 'dict object' has no attribute 'missing' (in {{ metrics.missing }}); metrics has: d
+    study.report.prose.ProseError: a finding: 'dict object' has no attribute 'missing' (in {{ metrics.missing }});
+    metrics has: d
     """
     env = environment()
     try:
