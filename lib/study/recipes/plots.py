@@ -15,7 +15,8 @@ import pandas as pd
 from study.recipes.labels import method_label
 
 COLOURS = {"gradient_mask": "tab:red", "naive_gate": "tab:red", "constraint": "tab:orange", "exact": "tab:green",
-           "mask_schedule": "tab:green", "skip_frozen": "tab:cyan", "recompile_fresh": "tab:blue", "recompile_same": "tab:gray",
+           "mask_schedule": "tab:green", "skip_frozen": "tab:cyan", "recompile_fresh": "tab:blue",
+           "recompile_same": "tab:gray",
            "trainable_flip": "tab:red", "full": "tab:blue", "last_layer": "tab:purple", "sparse": "tab:green",
            "sparse_state": "tab:olive", "lora": "tab:brown"}
 
@@ -84,9 +85,11 @@ def pruning(runs: pd.DataFrame) -> plt.Figure:
                             yerr=s["acc_finetuned"].std().reindex(targets).fillna(0), marker="o",
                             color=COLOURS.get(method), label=label, capsize=3, alpha=0.8)
         pruned = rows.groupby("sparsity")["acc_pruned"]
-        bottom.errorbar(100 * np.array(targets), pruned.mean().reindex(targets), yerr=pruned.std().reindex(targets).fillna(0),
+        bottom.errorbar(100 * np.array(targets), pruned.mean().reindex(targets),
+                        yerr=pruned.std().reindex(targets).fillna(0),
                         color="0.5", ls="--", marker="x", label="just pruned (before fine-tuning)", capsize=3)
-        top.set(ylabel="fc1 entries exactly zero at the end (%)", title=f"{name}: sparsity kept\n(markers offset sideways to avoid overlap)",
+        top.set(ylabel="fc1 entries exactly zero at the end (%)",
+                title=f"{name}: sparsity kept\n(markers offset sideways to avoid overlap)",
                 ylim=(-5, 100))
         bottom.set(xlabel="target sparsity of fc1 (%)", ylabel="test accuracy (fraction)",
                    title=f"{name}: accuracy after fine-tuning\n({_noise_note(rows, 'acc_finetuned')})")
@@ -139,7 +142,8 @@ def unfreezing(curves: pd.DataFrame, every: int, layers: Sequence[str]) -> plt.F
                     fontsize=8, va="bottom", ha="center", color="0.4")  # above the frame, clear of the legends
     acc_ax.set(xlabel="epochs completed (dotted: a layer is unfrozen)", ylabel="test accuracy on digits 5-9 (fraction)",
                title="Accuracy at the end of each epoch (mean ± std)\n")
-    mom_ax.set(xlabel="epoch (points at each epoch's start and end)", ylabel="L2 norm of the head kernel's Adam momentum",
+    mom_ax.set(xlabel="epoch (points at each epoch's start and end)",
+               ylabel="L2 norm of the head kernel's Adam momentum",
                title="Optimizer state across stages (first seed)\n")
     handles, labels = mom_ax.get_legend_handles_labels()  # one legend below both panels: inside, it covered lines
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
@@ -206,7 +210,8 @@ def subnetwork(steps: pd.DataFrame, runs: pd.DataFrame) -> plt.Figure:
         for _, one in g.groupby("seed"):  # thin: each seed
             moved_ax.plot(one["step"], one["cumulative_moved"] / 1e6, color=COLOURS.get(method), lw=0.8, alpha=0.6)
         s = g.groupby("step")["cumulative_moved"]
-        moved_ax.plot(s.mean().index, s.mean() / 1e6, color=COLOURS.get(method), label=method_label(method) + " (mean)", lw=2)
+        moved_ax.plot(s.mean().index, s.mean() / 1e6, color=COLOURS.get(method), label=method_label(method) + " (mean)",
+                      lw=2)
         last = g[g["step"] == g["step"].max()]["cumulative_moved"]
         if last.mean() > 0 and last.size > 1:
             spreads.append(((last - last.mean()).abs().max() / last.mean(), last.min(), last.max()))

@@ -177,7 +177,8 @@ def pruning_study(config: RecipesConfig, data: MnistSplits, states: Mapping[int,
     runs = pd.DataFrame(rows)
     ref = runs[runs["method"] == "exact"].set_index(["optimizer", "seed", "sparsity"])["weights"]
     runs["same_weights_as_exact"] = [
-        w == ref.get((o, s, p)) for o, s, p, w in zip(runs["optimizer"], runs["seed"], runs["sparsity"], runs["weights"])]
+        w == ref.get((o, s, p))
+        for o, s, p, w in zip(runs["optimizer"], runs["seed"], runs["sparsity"], runs["weights"])]
     dense_ms = float(np.mean([s.step_time_ms for s in states.values()]))
     return StudyResult(runs.drop(columns="weights"), pd.DataFrame(diagnosis),
                        {"dense_adam_step_time_ms": dense_ms, "fresh_gradient_mask": pd.DataFrame(fresh_rows)})

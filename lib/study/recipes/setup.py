@@ -95,7 +95,8 @@ COLUMNS = {
     "recipe": "the recipe (section of the notebook)",
     "variable": "variable path",
     "cause": "what freezing.diagnose says can move the frozen entries",
-    "entries": "diagnose table: frozen entries that the cause can move (count); selection table: entries of the variable",
+    "entries": "diagnose table: frozen entries that the cause can move (count); selection table: entries of the "
+               "variable",
     "fix": "freezing.diagnose's one-sentence fix",
     "selected": "entries FISH selected in this variable (count)",
     "share": "selected / entries (fraction)",

@@ -194,8 +194,9 @@ def sparse_study(config: RecipesConfig, data: MnistSplits, pretrained: Mapping[i
                             if method == "sparse":
                                 opt.set_mask(v, m)
                                 if seed == config.seeds[0]:
-                                    selection.append({"fraction": fraction, "variable": v.path, "selected": int(m.sum()),
-                                                      "entries": int(m.size), "share": float(m.mean())})
+                                    selection.append({"fraction": fraction, "variable": v.path,
+                                                      "selected": int(m.sum()), "entries": int(m.size),
+                                                      "share": float(m.mean())})
                     trained_entries = int(sum(m.sum() for m in trained.values()))
                 weights = list(model.weights) if trained is not None else None
                 before = snapshot(weights) if trained is not None else _effective(model)

@@ -65,8 +65,10 @@ def subnetwork_study(config: RecipesConfig, data: MnistSplits) -> StudyResult:
             _fit_steps(model, data.x_train, data.y_train, config.batch, config.subnet_steps, seed, [audit])
             if seed == config.seeds[0]:
                 step = int(opt.iterations.numpy())
-                frozen = {v.path: ~np.broadcast_to(mask_fn(step, v).numpy(), v.shape) for v in model.trainable_variables}
-                diagnosis += _diagnosis_rows("5 random units", method, freezing.diagnose(model, masks={k: ~m for k, m in frozen.items()}))
+                frozen = {v.path: ~np.broadcast_to(mask_fn(step, v).numpy(), v.shape)
+                          for v in model.trainable_variables}
+                diagnosis += _diagnosis_rows("5 random units", method,
+                                             freezing.diagnose(model, masks={k: ~m for k, m in frozen.items()}))
             for r in audit.rows:
                 steps.append({"method": method, "seed": seed, **r})
             rows.append({"method": method, "seed": seed, "p": config.subnet_p,

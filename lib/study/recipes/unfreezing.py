@@ -208,7 +208,8 @@ def stage_step_ratios(runs: pd.DataFrame, stages: int, reference: str = "recompi
 
     >>> runs = pd.DataFrame({"method": ["a", "a", "recompile_fresh", "recompile_fresh"], "seed": [0, 1, 0, 1],
     ...                      "finished": True, "step_ms_stage0": [2.0, 3.0, 2.0, 2.0]})
-    >>> stage_step_ratios(runs, 1)[["method", "stage", "ratio_median", "ratio_min", "ratio_max", "seeds"]].values.tolist()
+    >>> stage_step_ratios(runs, 1)[["method", "stage", "ratio_median", "ratio_min", "ratio_max",
+    ...                              "seeds"]].values.tolist()
     [['a', 0, 1.25, 1.0, 1.5, 2]]
     """
     done = runs[runs["finished"]].set_index(["method", "seed"])
@@ -271,7 +272,6 @@ def trainable_traps(seed: int = 0) -> pd.DataFrame:
         return m
 
     def observe(scenario: str, should: str, m: keras.Model, batch: int = 16) -> None:
-        opt = m.optimizer
         # whether the built optimizer lacks a trainable variable (the next traced step raises 'Unknown variable')
         unknown = "unknown_to_optimizer" in freezing.diagnose(m, list(m.trainable_variables)).causes
         causes = "(not asked)"  # a should train and the optimizer knows it: nothing to diagnose
