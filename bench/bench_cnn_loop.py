@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> dict:
     run_custom(), run_fit()  # trace both
     custom_times, fit_times = [], []
     for r in range(args.rounds):
-        for name, run, times in (("custom", run_custom, custom_times), ("fit", run_fit, fit_times))[:: 1 if r % 2 else -1]:
+        for name, run, times in (("custom", run_custom, custom_times),
+                                 ("fit", run_fit, fit_times))[:: 1 if r % 2 else -1]:
             times.append(run())
     custom_sps = args.steps / statistics.median(custom_times)
     fit_sps = args.steps / statistics.median(fit_times)

@@ -93,9 +93,10 @@ def main(argv: list[str] | None = None) -> dict:
           f"Adam; {args.rounds} interleaved rounds x {args.epochs} epochs x {args.steps} steps; masked: a random half "
           "of every variable frozen, a new mask every epoch")
     for name in variants:
-        print(f"  {name:<6} {result['ms_per_step'][name]:8.2f} ms/step wall, {result['cpu_ms_per_step'][name]:8.2f} ms/step "
-              "process CPU (medians of rounds)")
-    for key, what, rounds in (("ratio_hold_over_plain", "wall", ratios), ("cpu_ratio_hold_over_plain", "CPU ", cpu_ratios)):
+        print(f"  {name:<6} {result['ms_per_step'][name]:8.2f} ms/step wall, "
+              f"{result['cpu_ms_per_step'][name]:8.2f} ms/step process CPU (medians of rounds)")
+    for key, what, rounds in (("ratio_hold_over_plain", "wall", ratios),
+                              ("cpu_ratio_hold_over_plain", "CPU ", cpu_ratios)):
         value = result[key]
         print(f"  mirrored fit ratio masked / plain, {what} = {value:.3f}  (median of {args.rounds} rounds, min-max "
               f"{min(rounds):.3f}-{max(rounds):.3f})  target <= {TARGET}: {'met' if value <= TARGET else 'NOT met'}")

@@ -115,11 +115,13 @@ def main(argv: list[str] | None = None) -> dict:
         diff = [a - b for a, b in zip(wall[name], wall["plain"])]
         cdiff = [a - b for a, b in zip(cpu[name], cpu["plain"])]
         row = {"wall_ms": 1e3 * statistics.median(wall[name]), "cpu_ms": 1e3 * statistics.median(cpu[name]),
-               "wall_ms_minus_plain": 1e3 * statistics.median(diff), "cpu_ms_minus_plain": 1e3 * statistics.median(cdiff),
+               "wall_ms_minus_plain": 1e3 * statistics.median(diff),
+               "cpu_ms_minus_plain": 1e3 * statistics.median(cdiff),
                "wall_ms_minus_plain_min_max": (1e3 * min(diff), 1e3 * max(diff))}
         out["variants"][name] = row
         extra = "" if name == "plain" else (f"   adds {row['wall_ms_minus_plain']:+7.2f} ms wall "
-                                            f"({row['wall_ms_minus_plain_min_max'][0]:+.1f}..{row['wall_ms_minus_plain_min_max'][1]:+.1f}), "
+                                            f"({row['wall_ms_minus_plain_min_max'][0]:+.1f}.."
+                                            f"{row['wall_ms_minus_plain_min_max'][1]:+.1f}), "
                                             f"{row['cpu_ms_minus_plain']:+7.2f} ms CPU")
         ref = " (reference, not an optimizer)" if name.endswith("_only") else ""
         print(f"  {name:<12} {row['wall_ms']:8.2f} ms wall {row['cpu_ms']:8.2f} ms CPU per call{extra}{ref}")

@@ -163,7 +163,8 @@ def test_naive_vs_exact_and_headline_cover_every_row():
             assert f"fine-tune {o}/{m}:" in keys
     for m in ("naive", "hold"):
         assert f"masks p=0.5 adam/{m}:" in keys and f"blocks adam/{m}:" in keys
-    assert "fine-tune adam: median step time of a run (ms, mean ± std over seeds)" in keys and "masks adam: step time (ms;" in keys
+    assert ("fine-tune adam: median step time of a run (ms, mean ± std over seeds)" in keys
+            and "masks adam: step time (ms;" in keys)
     assert all("±" in v for k, v in head.items() if ("fine-tune" in k or "masks" in k or "blocks" in k)
                and "over the p's" not in k)  # one p here: no spread over p's to show
 

@@ -103,6 +103,7 @@ def test_corrupt_files_are_clear_errors(tmp_path):
 
 def test_pickled_npz_is_refused(tmp_path):
     path = tmp_path / "pickled.npz"
-    np.savez(path, x_train=np.array([object()], dtype=object), y_train=np.zeros(1), x_test=np.zeros(1), y_test=np.zeros(1))
+    np.savez(path, x_train=np.array([object()], dtype=object), y_train=np.zeros(1), x_test=np.zeros(1),
+             y_test=np.zeros(1))
     with pytest.raises(DataError, match="not a readable .npz"):
         load_mnist(path)

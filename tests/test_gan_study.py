@@ -30,7 +30,8 @@ def test_scopes_select_each_network_and_a_typo_never_selects_nothing():
     d = select_variables(gan, scope="discriminator/")
     assert {variable_path(v).split("/")[0] for v in g} == {"generator"} and len(g) == 6
     assert {variable_path(v).split("/")[0] for v in d} == {"discriminator"} and len(d) == 6
-    with pytest.raises(ValueError, match=r"scope='generater/'.*available prefixes: discriminator/ \(6\), generator/ \(6\)"):
+    with pytest.raises(ValueError,
+                       match=r"scope='generater/'.*available prefixes: discriminator/ \(6\), generator/ \(6\)"):
         select_variables(gan, scope="generater/")
 
 
@@ -144,8 +145,10 @@ def test_every_method_sees_the_same_batches_latents_and_gate_draws():
     gates = {m: np.array([np.concatenate(s[3:]) for s in seen[m]]) for m in alternating.GATED}
     assert np.array_equal(gates["random_gate"], gates["random_gate_masked"])
     assert 0 < gates["random_gate"].mean() < 1  # gates are drawn, some open, some closed
-    assert np.array_equal(gates["gate_d_only"][:, :2], gates["random_gate"][:, :2]) and (gates["gate_d_only"][:, 2:] == 1).all()
-    assert np.array_equal(gates["gate_g_only"][:, 2:], gates["random_gate"][:, 2:]) and (gates["gate_g_only"][:, :2] == 1).all()
+    assert (np.array_equal(gates["gate_d_only"][:, :2], gates["random_gate"][:, :2])
+            and (gates["gate_d_only"][:, 2:] == 1).all())
+    assert (np.array_equal(gates["gate_g_only"][:, 2:], gates["random_gate"][:, 2:])
+            and (gates["gate_g_only"][:, :2] == 1).all())
 
 
 def test_the_stop_gradient_method_shows_no_keras_warning_about_missing_gradients(recwarn):
@@ -161,7 +164,8 @@ def test_the_stop_gradient_method_shows_no_keras_warning_about_missing_gradients
 def test_quality_columns_print_at_one_precision_each():
     import pandas as pd
 
-    summary = pd.DataFrame({v: [1.0, 2.0] for v in (f"{q}_{s}" for q in tables.QUALITY_VALUES for s in ("mean", "std"))})
+    summary = pd.DataFrame({v: [1.0, 2.0]
+                            for v in (f"{q}_{s}" for q in tables.QUALITY_VALUES for s in ("mean", "std"))})
     summary["classes_seen_mean"], summary["classes_seen_std"] = [9.333, 10.0], [0.577, 0.0]
     summary["final_d_loss_std"] = [0.0, 0.0]  # no spread anywhere: the fallback
     decimals = tables.quality_decimals(summary)

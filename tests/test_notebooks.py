@@ -94,7 +94,8 @@ def test_01_adam_drift_metrics(smoke_results):
     assert drift["sgd/naive"]["changed_entries_sum_mean"] == 0
     assert m["prediction_max_abs_error"] < 1e-5 < m["prediction_max_abs_drift"]
     s2 = m["seed2"]  # TF1 rounds 1 − β in float32, Keras in float64: v's 1 − β₂ makes the W gap, m's barely counts
-    assert s2["one_minus_beta2_tf1"] < s2["one_minus_beta2_keras"] and s2["one_minus_beta1_tf1"] > s2["one_minus_beta1_keras"]
+    assert (s2["one_minus_beta2_tf1"] < s2["one_minus_beta2_keras"]
+            and s2["one_minus_beta1_tf1"] > s2["one_minus_beta1_keras"])
     assert 0.9 * s2["tf2_on_page_max_abs_diff_to_tf1"] <= s2["gap_from_one_minus_beta2"]
     assert s2["gap_from_one_minus_beta1"] <= 0.1 * s2["tf2_on_page_max_abs_diff_to_tf1"]
     assert s2["m1_step3_stash_restore"] == pytest.approx(-0.68, abs=1e-6)
@@ -104,7 +105,8 @@ def test_01_adam_drift_metrics(smoke_results):
     assert m["max_entry_steps_per_run"] == m["frozen_entries_per_run"] * m["steps_after_freezing"]
     headline = " ".join(m["headline"])  # every optimizer row and every section is in SUMMARY.md
     assert all(any(k.startswith(f"{name} (") and "frozen entries changed" in k for k in m["headline"])
-               for name in m["config"]["optimizers"])  # each named with its class and options: "rmsprop_centered (RMSprop, momentum 0.5, centered)"
+               for name in m["config"]["optimizers"])  # each named with its class and options:
+    # "rmsprop_centered (RMSprop, momentum 0.5, centered)"
     assert "predicted" in headline and "seed example" in headline
 
 
@@ -163,7 +165,8 @@ def test_02_mnist_cnn_freezing_metrics(smoke_results):
     assert 0 < gate["changed"] <= gate["moment_nonzero"] <= gate["trained_before"] < gate["frozen"]
     assert m["one_step_masked_moment_nonzero"] > 0 and m["cpu_count"] >= 1
     assert set(m["blocks_late_loss"]) == set(m["config"]["mask_methods"]) and m["blocks_late_steps"][1] == 8
-    assert 0.9 * m["conv_entries"] < m["finetune_gate_changed_min"] <= m["finetune_gate_changed_max"] <= m["conv_entries"]
+    assert (0.9 * m["conv_entries"] < m["finetune_gate_changed_min"] <= m["finetune_gate_changed_max"]
+            <= m["conv_entries"])
     assert set(m["finetune_gate_time_ratio"]) == set(m["config"]["finetune_optimizers"])
     assert "mask_tradeoff" not in m  # written only by a full-size run, whose finding quotes it
     # what the findings quote besides: the trap's range over seeds, each table column's decimals, the step times
@@ -305,5 +308,6 @@ def test_notebook_01_run_the_plain_jupyter_way_shows_its_findings_with_numbers(t
     shown = [o["data"]["text/markdown"] for c in nb.cells if "finding" in c.metadata.get("tags", [])
              for o in c.outputs if "text/markdown" in o.get("data", {})]
     assert len(shown) == len(prose.finding_templates(nbformat.read(notebook, as_version=4))) >= 3
-    assert "**The seed reproduces exactly.** With the mask alone, `W` after step 2 is\n[0.0744, 0.1670, 0.1670, 0.0744]" \
+    assert ("**The seed reproduces exactly.** With the mask alone, `W` after step 2 is\n"
+            "[0.0744, 0.1670, 0.1670, 0.0744]") \
         in "\n".join(shown)

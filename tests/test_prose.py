@@ -41,7 +41,8 @@ def test_every_notebook_shows_its_findings_from_the_run_and_no_template_in_markd
 
 def test_a_missing_key_names_the_finding_the_expression_and_the_keys():
     with pytest.raises(prose.ProseError) as e:
-        prose.fill("**Drift**: moved {{ metrics.moved | num }} and {{ metrics.gone.deep | num }}", {"moved": 3, "other": 1},
+        prose.fill("**Drift**: moved {{ metrics.moved | num }} and {{ metrics.gone.deep | num }}",
+                   {"moved": 3, "other": 1},
                    prose._label("**Drift**: moved"))
     message = str(e.value)
     assert "finding “Drift”" in message

@@ -213,13 +213,15 @@ def test_headline_quotes_each_table_column_at_its_decimals():
                    for m in recipes.NEW_COLUMN_METHODS}},
                "pruning": {"by_optimizer": {"adam/exact/0.9": {
                    "pruned": 9, "moved_mean": 0.0, "moved_std": 0.0, "acc_finetuned": 0.9, "acc_finetuned_std": 0.01,
-                   "step_time_ms": 26.56, "step_time_ms_std": 1.05}}}, "unfreezing": {"methods": {}}, "sparse": {"methods": {}},
+                   "step_time_ms": 26.56, "step_time_ms_std": 1.05}}}, "unfreezing": {"methods": {}},
+               "sparse": {"methods": {}},
                "subnetwork": {"p": 0.5, "methods": {m: run for m in recipes.SUBNET_METHODS}},
                "decimals": {"subnetwork": decimals, "pruning": {"step_time_ms": 2}}}
     headline = recipes.headline(metrics, "data")
     rows = [v for k, v in headline.items() if k.startswith("Recipe 5 ")]
     assert rows and all(v.endswith(" / 0.8973 ± 0.0108") for v in rows), rows
-    assert next(v for k, v in headline.items() if k.startswith("Recipe 2 ")).endswith(" / 26.56 ± 1.05")  # not 26.6 ± 1.1
+    assert next(v for k, v in headline.items()
+                if k.startswith("Recipe 2 ")).endswith(" / 26.56 ± 1.05")  # not 26.6 ± 1.1
 
 
 @pytest.mark.slow  # over 4 s: make test-slow (CI)
@@ -338,7 +340,8 @@ def test_skip_frozen_keeps_the_schedule_exact_and_each_stage_is_timed_against_a_
     assert sk["state_kept"] and sk["boundaries_kept"] == sk["boundaries"] > 0 and sk["unfrozen_trained"]
     assert sk["frozen_moved_max"] == 0 and sk["acc_new"] == ms["acc_new"]  # the schedule's training, bit for bit
     stages = len(sk["stage_step_ratio"])
-    assert stages == sk["boundaries"] + 1 and len(sk["stage_step_ratio_min"]) == len(sk["stage_step_ratio_max"]) == stages
+    assert (stages == sk["boundaries"] + 1
+            and len(sk["stage_step_ratio_min"]) == len(sk["stage_step_ratio_max"]) == stages)
     assert all(lo <= mid <= hi for lo, mid, hi in zip(sk["stage_step_ratio_min"], sk["stage_step_ratio"],
                                                       sk["stage_step_ratio_max"]))
     assert "stage_step_ratio" not in u["recompile_fresh"]  # the reference itself
@@ -387,7 +390,8 @@ def test_outputs_headline_and_data_source(smoke):
     figures = {"new_columns", "pruning", "unfreezing", "sparse", "subnetwork"}
     assert figures <= {p.stem for p in folder.glob("*.png")}
     captions = json.loads((folder / "figures.json").read_text())["figures"]
-    assert {c["file"] for c in captions} >= {f"{f}.png" for f in figures} and all(len(c["caption"]) > 40 for c in captions)
+    assert ({c["file"] for c in captions} >= {f"{f}.png" for f in figures}
+            and all(len(c["caption"]) > 40 for c in captions))
     assert (folder / "which_method.csv").is_file() and (folder / "05_recipes.html").is_file()
     assert "05_recipes" in (out / "SUMMARY.md").read_text()
 
@@ -401,5 +405,6 @@ def test_table_helpers_state_counts_errors_and_timing_noise():
     message = "Unknown variable: <Variable path=mlp/fc2/kernel, shape=(128, 64), dtype=float32>. This optimizer ..."
     assert recipes.short_error(message) == "Unknown variable (mlp/fc2/kernel)" and recipes.short_error("") == ""
     close = _times({"exact": (1.34, 0.015), "gradient mask": (1.37, 0.032)})  # a gap under one std
-    assert close.startswith("1.340 ± 0.015 ms/step (exact) vs 1.370 ± 0.032 ms (gradient mask)") and "within seed noise" in close
+    assert (close.startswith("1.340 ± 0.015 ms/step (exact) vs 1.370 ± 0.032 ms (gradient mask)")
+            and "within seed noise" in close)
     assert "noise" not in _times({"a": (1.0, 0.01), "b": (2.0, 0.01)})

@@ -33,7 +33,8 @@ def committed(name: str) -> dict[str, Any]:
 
 
 def scale_timings(value: Any, declared: dict[str, str], factor: float, path: str = "", kind: str | None = None) -> Any:
-    """``value`` with every number of a timing kind (timing, ratio of timings, their spread) multiplied by ``factor``."""
+    """``value`` with every number of a timing kind (timing,
+    ratio of timings, their spread) multiplied by ``factor``."""
     own = kinds.match(path, declared) if path else None
     kind = own or kind
     if isinstance(value, dict):
@@ -70,7 +71,8 @@ def test_a_flipped_conclusion_from_timings_is_named_with_both_sides(tmp_path):
     manifest = {"04_gradients_and_ps": {"commit": "0" * 40, "finished_at": "t", "reproduction": rep}}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     text = reproduction.write_report(tmp_path).read_text()
-    assert "drawn from timings (a verdict, or a precision chosen from their spread), changed: `quoted/function_persistent_side`" in text
+    assert ("drawn from timings (a verdict, or a precision chosen from their spread), changed: "
+            "`quoted/function_persistent_side`") in text
 
 
 def test_the_spread_of_a_timing_is_not_a_timing():

@@ -2,8 +2,8 @@
 
 Timings are the one thing allowed to differ. Each study declares which values are timings where it writes its
 metrics (``metrics.json``'s ``"kinds"``, ``study.report.kinds``, which ``REPRODUCTION.md`` uses too); every other
-value, nested or not, must be equal after a JSON round trip, which for floats means bit for bit. The real rerun check is in
-``test_pipeline_reports``: the rerun after an interrupted run of 01 must equal the test session's uninterrupted
+value, nested or not, must be equal after a JSON round trip, which for floats means bit for bit. The real rerun check is
+in ``test_pipeline_reports``: the rerun after an interrupted run of 01 must equal the test session's uninterrupted
 run, timings aside, bit for bit.
 """
 

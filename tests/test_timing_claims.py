@@ -26,7 +26,8 @@ def _costs(persistent: list[float]) -> pd.DataFrame:
     """A fetch_costs table whose tf.function persistent tape took ``persistent`` × one pass in its rounds."""
     rows = []
     for mode, methods in (("TF1 graph", {"one sess.run(all gradients)": [1.0], "g.eval() per variable": [3.0, 3.4]}),
-                          ("TF2 eager", {"one tape": [1.0], "persistent tape, one gradient call per variable": [2.6, 2.9],
+                          ("TF2 eager", {"one tape": [1.0],
+                                         "persistent tape, one gradient call per variable": [2.6, 2.9],
                                          "recompute forward and backward per variable": [6.0, 7.0]}),
                           ("TF2 tf.function", {"one tape": [1.0],
                                                "persistent tape, one gradient call per variable": persistent,

@@ -34,7 +34,10 @@ class Unapplied:
     >>> _ = keras.optimizers.SGD(0.1).apply([keras.ops.ones(2)], [v])
     Traceback (most recent call last):
     ...
-    RuntimeError: freezing: 'w' has a mask in a MaskedOptimizer that is not the optimizer updating it (a model compiled with another optimizer, or a loop that applies another one): the mask would hold nothing. Use that MaskedOptimizer: model.compile(optimizer=opt, ...), or opt.apply_gradients in the loop; or call opt.clear_mask(...) to train the variable without a mask
+    RuntimeError: freezing: 'w' has a mask in a MaskedOptimizer that is not the optimizer updating it (a model
+    compiled with another optimizer, or a loop that applies another one): the mask would hold nothing. Use that
+    MaskedOptimizer: model.compile(optimizer=opt, ...), or opt.apply_gradients in the loop; or call
+    opt.clear_mask(...) to train the variable without a mask
     """
 
     def __init__(self, owner: Any, original: Any):

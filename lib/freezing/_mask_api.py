@@ -1,4 +1,5 @@
-"""``set_mask``, ``get_mask``, ``clear_mask``: what they accept, resolved to variables, and the masks set before ``build``.
+"""``set_mask``, ``get_mask``, ``clear_mask``: what they accept, resolved to variables, and the masks set before
+``build``.
 
 ``MaskAccess`` is the part of ``MaskedOptimizer`` that takes masks in (the way of a mask: ``freezing._masks``).
 
@@ -69,11 +70,13 @@ def check_call(method: str, target: Any, mask: Any = None, with_mask: bool = Fal
     >>> check_call("set_mask", [1, 0], keras.Variable([1.0, 2.0], name="w"), with_mask=True)
     Traceback (most recent call last):
     ...
-    TypeError: MaskedOptimizer.set_mask(target, mask): the arguments are swapped: the target is list [1, 0] and the mask is variable 'w'; call set_mask(target, mask) with the target first
+    TypeError: MaskedOptimizer.set_mask(target, mask): the arguments are swapped: the target is list [1, 0] and the
+    mask is variable 'w'; call set_mask(target, mask) with the target first
     >>> check_call("get_mask", 3)
     Traceback (most recent call last):
     ...
-    TypeError: MaskedOptimizer.get_mask: the target is int 3; allowed: a variable, a keras layer (its weights that the optimizer updates), or a variable path string
+    TypeError: MaskedOptimizer.get_mask: the target is int 3; allowed: a variable, a keras layer (its weights that the
+    optimizer updates), or a variable path string
     """
     signature = f"MaskedOptimizer.{method}(target, mask)" if with_mask else f"MaskedOptimizer.{method}"
     if with_mask and not _is_target(target) and _is_target(mask):
@@ -96,7 +99,8 @@ def find_path(path: str, variables: Sequence[Any], where: str) -> Any:
     >>> find_path("kernal", [a, b], "get_mask")
     Traceback (most recent call last):
     ...
-    ValueError: MaskedOptimizer.get_mask: no variable with path 'kernal' among the 2 variables; close matches: ['kernel']
+    ValueError: MaskedOptimizer.get_mask: no variable with path 'kernal' among the 2 variables;
+    close matches: ['kernel']
     """
     who = where if where == "diagnose" else f"MaskedOptimizer.{where}"
     by_path = {variable_path(v): v for v in variables}
@@ -163,7 +167,8 @@ class MaskAccess:
                     raise ValueError(f"MaskedOptimizer.build: a mask was set for {path!r}, which is not among the "
                                      f"{len(var_list)} variables being built")
             except ValueError as e:
-                raise ValueError(f"{e}; clear it with opt.clear_mask({path!r}) or set it on the right variable") from None
+                raise ValueError(f"{e}; clear it with opt.clear_mask({path!r}) or set it on the right "
+                                 "variable") from None
             checked[variable_path(variable)] = keep
         return checked
 
@@ -178,7 +183,8 @@ class MaskAccess:
         return [self._resolve(target, where)]
 
     def _resolve(self, target: Any, where: str = "apply") -> Any:
-        """A variable or a path string -> the built variable; ``ValueError`` for one the optimizer was not built with."""
+        """A variable or a path string -> the built variable;
+        ``ValueError`` for one the optimizer was not built with."""
         if isinstance(target, str):
             return find_path(target, _keras_api.trainable_variables(self), where)
         if _keras_api.key(target) not in self._mask_index:
@@ -231,7 +237,8 @@ class MaskAccess:
                 or a changed sparse selection.
 
         >>> import keras; from freezing import MaskedOptimizer
-        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="fc"), keras.layers.Dense(1, name="out")])
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="fc"),
+        ...                           keras.layers.Dense(1, name="out")])
         >>> opt = MaskedOptimizer("sgd"); opt.build(model.trainable_variables)
         >>> opt.set_mask(model.get_layer("fc"), False)            # a layer: frozen whole
         >>> opt.set_mask("out/kernel", [[True], [False]]); opt.get_mask("out/kernel").tolist()

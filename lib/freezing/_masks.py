@@ -56,7 +56,8 @@ class MaskStore(tf.Module):
 def host_mode(keep: np.ndarray, shape: tuple[int, ...]) -> int:
     """What a host mask means for a variable of ``shape``: UNMASKED, FROZEN or ELEMENTS.
 
-    >>> host_mode(np.array([True, False]), (2,)), host_mode(np.array(True), (3, 4)), host_mode(np.zeros((1, 4), bool), (3, 4))
+    >>> (host_mode(np.array([True, False]), (2,)), host_mode(np.array(True), (3, 4)),
+    ...  host_mode(np.zeros((1, 4), bool), (3, 4)))
     (2, 0, 1)
     """
     trained = int(np.count_nonzero(keep)) * (int(np.prod(shape)) // max(keep.size, 1))
@@ -121,7 +122,8 @@ def check_values(array: np.ndarray, what: str, variable: Any) -> None:
     if array.dtype.kind == "b":
         return
     if array.dtype.kind not in "iuf":
-        raise ValueError(f"MaskedOptimizer: {what} for {_named(variable)!r} has dtype {array.dtype}; expected {ALLOWED}")
+        raise ValueError(f"MaskedOptimizer: {what} for {_named(variable)!r} has dtype {array.dtype}; "
+                         f"expected {ALLOWED}")
     bad = ~((array == 0) | (array == 1))
     if bad.any():
         first = array[bad].flat[0].item()
@@ -158,7 +160,8 @@ def check_mask(keep: Any, variable: Any, where: str) -> np.ndarray:
     >>> check_mask([0.5, 1.0], v, "set_mask")
     Traceback (most recent call last):
     ...
-    ValueError: MaskedOptimizer: the mask (set_mask) for 'w' has 1 value(s) that are not 0 or 1 (the first: 0.5); expected bool, or numbers that are each 0 or 1 (1/True = trains, 0/False = frozen)
+    ValueError: MaskedOptimizer: the mask (set_mask) for 'w' has 1 value(s) that are not 0 or 1 (the first: 0.5);
+    expected bool, or numbers that are each 0 or 1 (1/True = trains, 0/False = frozen)
     """
     what = f"the mask ({where})"
     try:
@@ -204,7 +207,8 @@ def as_keep(mask: Any, variable: Any, what: str) -> tf.Tensor:
     if keep.dtype == tf.bool:
         return keep
     if not (keep.dtype.is_floating or keep.dtype.is_integer):
-        raise ValueError(f"MaskedOptimizer: {what} for {variable_path(variable)!r} has dtype {keep.dtype.name}; expected {ALLOWED}")
+        raise ValueError(f"MaskedOptimizer: {what} for {variable_path(variable)!r} has dtype {keep.dtype.name}; "
+                         f"expected {ALLOWED}")
     binary = tf.reduce_all(tf.logical_or(tf.equal(keep, 0), tf.equal(keep, 1)))
     check = tf.debugging.Assert(binary, [f"MaskedOptimizer: {what} for {variable_path(variable)!r} has a value that "
                                          f"is not 0 or 1; expected {ALLOWED}"])

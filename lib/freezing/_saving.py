@@ -27,7 +27,8 @@ def _check_selection(value: np.ndarray, variable: Any, where: str) -> None:
     """A sparse selection must be flat positions inside its variable, strictly increasing (as ``build`` makes it)."""
     size = int(np.prod(tuple(variable.shape)))
     flat = np.asarray(value).reshape(-1)
-    if flat.size and (flat.dtype.kind not in "iu" or flat.min() < 0 or flat.max() >= size or (np.diff(flat) <= 0).any()):
+    if flat.size and (flat.dtype.kind not in "iu" or flat.min() < 0 or flat.max() >= size
+                      or (np.diff(flat) <= 0).any()):
         raise ValueError(
             f"MaskedOptimizer.{where}: the sparse selection of {variable_path(variable)!r} must be distinct flat "
             f"positions in 0..{size - 1}, in increasing order; got {flat[:8].tolist()}"
@@ -60,8 +61,8 @@ class SavedState:
         [True, False]
         """
         if not self.built:
-            raise ValueError("You are calling `set_weights()` on a MaskedOptimizer that has not yet been built; build it "
-                             "first: opt.build(model.trainable_variables)")
+            raise ValueError("You are calling `set_weights()` on a MaskedOptimizer that has not yet been built; "
+                             "build it first: opt.build(model.trainable_variables)")
         self._assign_all([np.asarray(w) for w in weights], "set_weights")
 
     def get_weights(self) -> list[np.ndarray]:
@@ -121,8 +122,8 @@ class SavedState:
         if modes.dtype.kind not in "iu" or modes.shape != (n_masks,):
             return values  # not the earlier layout: the count check names the mismatch
         if not np.isin(modes, (_masks.UNMASKED, _masks.FROZEN, _masks.ELEMENTS)).all():
-            raise ValueError(f"MaskedOptimizer.{where}: the modes {modes.tolist()} (state from an earlier freezing) are "
-                             f"not one of 0, 1, 2 per variable ({n_masks} variables)")
+            raise ValueError(f"MaskedOptimizer.{where}: the modes {modes.tolist()} (state from an earlier freezing) "
+                             f"are not one of 0, 1, 2 per variable ({n_masks} variables)")
         names = {_masks.UNMASKED: "no mask", _masks.FROZEN: "wholly frozen", _masks.ELEMENTS: "some entries frozen"}
         for mode, value, variable in zip(modes.tolist(), values[n_inner:at], _keras_api.trainable_variables(self)):
             keep = _masks.check_mask(value, variable, where)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -17,7 +16,8 @@ from freezing.slots import slots
 
 
 class StateSizes:
-    """``mask_bytes`` and ``state_bytes``, read off the wrapper's variables (its masks, the inner optimizer's, sparse state)."""
+    """``mask_bytes`` and ``state_bytes``, read off the wrapper's
+    variables (its masks, the inner optimizer's, sparse state)."""
 
     def mask_bytes(self) -> int:
         """Bytes the stored masks take: 1 per stored entry, 1 per variable without a mask (or wholly frozen).

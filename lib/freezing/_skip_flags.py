@@ -2,8 +2,8 @@
 
 The masks are the fact; a flag turned off here is derived from them and recorded only so that it can be put
 back exactly: never a flag the user set, and always one whose variable trains again. Every stored mask
-(``MaskAccess._put`` in ``freezing._mask_api``, and ``set_weights``/``load_own_variables`` in ``freezing._saving``) calls
-``mask_stored``: it bumps a counter (so the callback notices a change
+(``MaskAccess._put`` in ``freezing._mask_api``, and ``set_weights``/``load_own_variables`` in ``freezing._saving``)
+calls ``mask_stored``: it bumps a counter (so the callback notices a change
 without reading every mask at every batch) and, when the variable trains again, turns its flag back on at
 once and drops the model's traced train function, so that nothing, not even a plain ``fit`` after a ``fit``
 that raised, can keep differentiating without it.
@@ -80,7 +80,8 @@ def retrace(record: Skips) -> None:
 
 
 def mask_stored(optimizer: Any, variable: Any, stored: np.ndarray) -> None:
-    """Called by the optimizer for every mask it stores: note the change; a variable that trains again gets its flag back."""
+    """Called by the optimizer for every mask it stores: note the
+    change; a variable that trains again gets its flag back."""
     record = _SKIPS.get(optimizer)
     if record is None:
         return

@@ -122,7 +122,8 @@ class FreezeAudit:
     """
 
     def __init__(self, variables: Sequence[Any], optimizer: Any = None):
-        self.variables = [w for v in variables for w in (v.trainable_weights if isinstance(v, keras.layers.Layer) else [v])]
+        self.variables = [w for v in variables
+                          for w in (v.trainable_weights if isinstance(v, keras.layers.Layer) else [v])]
         self.optimizer = optimizer
         self.records: list[AuditRecord] = []
         self._steps = 0

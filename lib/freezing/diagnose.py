@@ -29,22 +29,37 @@ CAUSES = (
 """Every cause ``diagnose`` can report, in the order rows are listed for one variable."""
 
 FIXES = {
-    "gradient": "It is trainable and no mask holds it: set layer.trainable = False and recompile, or mask it with freezing.MaskedOptimizer.",
+    "gradient": "It is trainable and no mask holds it: set layer.trainable = False and recompile, or mask it with "
+                "freezing.MaskedOptimizer.",
     "not_masked": "The MaskedOptimizer's mask lets these entries train: call opt.set_mask(...) with them set to False.",
-    "trainable_changed_after_compile": "trainable was set to False after fit traced its train step, which still updates it: recompile with a fresh optimizer, or use freezing.MaskedOptimizer masks.",
-    "unknown_to_optimizer": "It is trainable but the built optimizer does not know it, so the next traced step raises 'Unknown variable' and a fresh optimizer trains it: set trainable = False and recompile.",
-    "moments": "The optimizer's momentum for these entries is not at its initial value, so a zero gradient still moves them: call freezing.reset_slots(opt, v, where=frozen) after every step, or use freezing.MaskedOptimizer.",
-    "weight_decay": "Weight decay shrinks non-zero entries whatever the gradient: exclude the variable with opt.exclude_from_weight_decay before build, or use freezing.MaskedOptimizer.",
-    "constraint": "Keras applies the constraint to every entry after each step: remove it, or hold the entries with freezing.MaskedOptimizer.",
-    "ema": "With use_ema Keras overwrites the weights with their moving averages (every ema_overwrite_frequency steps and at the end of fit): set use_ema=False, call freezing.reset_slots(opt, v, where=frozen) after every step (it sets their averages to their weights; not with an ema_overwrite_frequency), or hold the entries with freezing.MaskedOptimizer.",
-    "batchnorm_statistics": "BatchNormalization updates its moving statistics in training mode whatever the optimizer: set the layer's trainable = False and recompile (it then runs in inference mode).",
+    "trainable_changed_after_compile": "trainable was set to False after fit traced its train step, which still "
+                                       "updates it: recompile with a fresh optimizer, or use freezing.MaskedOptimizer "
+                                       "masks.",
+    "unknown_to_optimizer": "It is trainable but the built optimizer does not know it, so the next traced step "
+                            "raises 'Unknown variable' and a fresh optimizer trains it: set trainable = False and "
+                            "recompile.",
+    "moments": "The optimizer's momentum for these entries is not at its initial value, so a zero gradient still "
+               "moves them: call freezing.reset_slots(opt, v, where=frozen) after every step, or use "
+               "freezing.MaskedOptimizer.",
+    "weight_decay": "Weight decay shrinks non-zero entries whatever the gradient: exclude the variable with "
+                    "opt.exclude_from_weight_decay before build, or use freezing.MaskedOptimizer.",
+    "constraint": "Keras applies the constraint to every entry after each step: remove it, or hold the entries "
+                  "with freezing.MaskedOptimizer.",
+    "ema": "With use_ema Keras overwrites the weights with their moving averages (every ema_overwrite_frequency "
+           "steps and at the end of fit): set use_ema=False, call freezing.reset_slots(opt, v, where=frozen) after "
+           "every step (it sets their averages to their weights; not with an ema_overwrite_frequency), or hold the "
+           "entries with freezing.MaskedOptimizer.",
+    "batchnorm_statistics": "BatchNormalization updates its moving statistics in training mode whatever the "
+                            "optimizer: set the layer's trainable = False and recompile (it then runs in inference "
+                            "mode).",
 }
 """One fix per cause, as shown in the ``fix`` column."""
 
 # Slots that only divide the gradient (a zero gradient stays a zero step, measured for every
 # Keras 3.15 optimizer); any other slot (momentum) moves an entry whose gradient is zero.
 _NORMALISERS = frozenset(
-    {"velocity", "velocity_hat", "accumulator", "accumulated_grad", "accumulated_delta_var", "norm", "r", "c", "average_gradient"}
+    {"velocity", "velocity_hat", "accumulator", "accumulated_grad", "accumulated_delta_var", "norm", "r", "c",
+     "average_gradient"}
 )
 
 
@@ -181,7 +196,8 @@ def _targets(model: Any, frozen: Any, masks: Any = None) -> list[tuple[Any, np.n
         elif hasattr(target, "shape") and hasattr(target, "assign"):
             variables = [target]
         else:
-            raise TypeError(f"diagnose: a target is a variable, a variable path or a layer; got {type(target).__name__}")
+            raise TypeError(f"diagnose: a target is a variable, a variable path or a layer; "
+                            f"got {type(target).__name__}")
         for v in variables:
             shape, given = tuple(v.shape), np.asarray(mask).astype(bool)
             try:
@@ -258,10 +274,12 @@ def diagnose(model: Any, frozen: Any = None, optimizer: Any = None, *, masks: An
     compiled = optimizer is None or optimizer is getattr(model, "optimizer", None)
     optimizer = getattr(model, "optimizer", None) if optimizer is None else optimizer
     if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise ValueError(f"diagnose: expected a Keras 3 optimizer (compile the model or pass optimizer=); got {optimizer!r}")
+        raise ValueError(f"diagnose: expected a Keras 3 optimizer (compile the model or pass optimizer=); "
+                         f"got {optimizer!r}")
     opt, masked = _chain(optimizer)
     multi = getattr(keras.optimizers, "MultiOptimizer", None)
-    cached = compiled and getattr(model, "train_function", None) is not None and not getattr(model, "run_eagerly", False)
+    cached = (compiled and getattr(model, "train_function", None) is not None
+              and not getattr(model, "run_eagerly", False))
     owned, trainable = {id(v) for v in model.variables}, {id(v) for v in model.trainable_variables}
     stats = {  # BatchNormalization weights other than gamma and beta: the moving statistics
         id(w): layer

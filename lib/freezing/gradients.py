@@ -91,7 +91,8 @@ def apply(grads: Sequence[Any], variables: Sequence[Any], optimizer: Any = None,
         optimizer: a Keras optimizer (``MaskedOptimizer`` included) whose ``apply_gradients``
             takes the pairs; give this or ``learning_rate``, not both.
         learning_rate: the step size of a plain gradient-descent step without optimizer state.
-        trainable_masks: per-variable masks (True trains) passed on as ``apply_gradients(..., trainable_masks=...)``; only for an
+        trainable_masks: per-variable masks (True trains) passed on as ``apply_gradients(..., trainable_masks=...)``;
+        only for an
             optimizer that accepts them (``MaskedOptimizer``).
 
     Returns:
@@ -119,7 +120,8 @@ def apply(grads: Sequence[Any], variables: Sequence[Any], optimizer: Any = None,
         raise ValueError("apply: give exactly one of optimizer= or learning_rate=")
     if optimizer is None:
         if trainable_masks is not None:
-            raise ValueError("apply: trainable_masks need an optimizer (use MaskedOptimizer); plain assign_sub takes none")
+            raise ValueError("apply: trainable_masks need an optimizer (use MaskedOptimizer); "
+                             "plain assign_sub takes none")
         for g, v in zip(grads, variables):
             v.assign_sub(tf.cast(learning_rate, v.dtype) * tf.convert_to_tensor(g, v.dtype))
     elif trainable_masks is not None:

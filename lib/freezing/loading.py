@@ -50,7 +50,8 @@ def load_model(filepath: str | os.PathLike, custom_objects: dict[str, Any] | Non
     For a model whose class overrides ``compile`` (every keras-hub task), Keras skips the saved compile
     arguments and the optimizer's variables; this compiles the model with the saved arguments, builds the
     optimizer on ``model.trainable_variables`` and loads its variables from the file (a ``MaskedOptimizer``:
-    its inner optimizer's state and the masks, each mask's mode read off the mask). Any other model is returned as Keras loads it.
+    its inner optimizer's state and the masks, each mask's mode read off the mask). Any other model is returned as Keras
+    loads it.
 
     Args:
         filepath: a ``.keras`` file written by ``model.save``.

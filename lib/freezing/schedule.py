@@ -63,7 +63,8 @@ class MaskSchedule(keras.callbacks.Callback):
     Example: train only ``fc2`` for 2 epochs, then everything, in one ``fit`` call.
 
     >>> import keras, numpy as np
-    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="fc1"), keras.layers.Dense(1, name="fc2")])
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="fc1"),
+    ...                           keras.layers.Dense(1, name="fc2")])
     >>> model.compile(optimizer=MaskedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
     >>> fc1 = model.get_layer("fc1")
     >>> schedule = MaskSchedule({0: {fc1: False}, 2: {fc1: None}})

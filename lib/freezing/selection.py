@@ -106,7 +106,8 @@ def select_variables(
         >>> select_variables(net, scope="g")
         Traceback (most recent call last):
         ...
-        ValueError: select_variables: scope='g' pattern=None matched none of 4 trainable variables; available prefixes: d1/ (2), g1/ (2)
+        ValueError: select_variables: scope='g' pattern=None matched none of 4 trainable variables;
+        available prefixes: d1/ (2), g1/ (2)
     """
     variables = _all_variables(source, trainable_only)
     if not variables:

@@ -1,4 +1,5 @@
-"""Skip the gradient of a tensor frozen whole: ``SkipFrozen`` for ``fit``, ``variables_to_differentiate`` for custom loops.
+"""Skip the gradient of a tensor frozen whole: ``SkipFrozen`` for ``fit``, ``variables_to_differentiate`` for custom
+loops.
 
 A ``MaskedOptimizer`` keeps every bit of a frozen entry, but the model still computes the gradient of a variable
 whose every entry is frozen, and throws it away. Leaving that variable out of the gradient computation, as
@@ -99,7 +100,8 @@ def variables_to_differentiate(optimizer: Any, variables: Sequence[Any]) -> list
             (nothing is changed).
 
     >>> import keras, numpy as np, tensorflow as tf
-    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="fc1"), keras.layers.Dense(1, name="fc2")])
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="fc1"),
+    ...                           keras.layers.Dense(1, name="fc2")])
     >>> opt = MaskedOptimizer(keras.optimizers.Adam(0.01)); opt.build(model.trainable_variables)
     >>> for v in model.get_layer("fc1").trainable_weights: opt.set_mask(v, False)
     >>> train = variables_to_differentiate(opt, model.trainable_variables)
@@ -129,7 +131,8 @@ def variables_to_differentiate(optimizer: Any, variables: Sequence[Any]) -> list
 
 
 class SkipFrozen(keras.callbacks.Callback):
-    """A ``fit`` callback: a variable whose stored mask is wholly frozen is not differentiated, as with ``trainable=False``.
+    """A ``fit`` callback: a variable whose stored mask is wholly frozen is not differentiated, as with
+    ``trainable=False``.
 
     The model must be compiled with a ``MaskedOptimizer`` (or a ``LossScaleOptimizer`` around one); ``fit``
     builds it with the model's trainable variables, which must be every variable it will ever update. The
@@ -164,7 +167,8 @@ class SkipFrozen(keras.callbacks.Callback):
     Example: freeze ``fc1`` whole for one ``fit``; its gradient is not computed, its Adam state is kept.
 
     >>> import keras, numpy as np
-    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="fc1"), keras.layers.Dense(1, name="fc2")])
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="fc1"),
+    ...                           keras.layers.Dense(1, name="fc2")])
     >>> opt = MaskedOptimizer(keras.optimizers.Adam(0.01))
     >>> model.compile(optimizer=opt, loss="mse")
     >>> fc1 = model.get_layer("fc1")
@@ -192,7 +196,8 @@ class SkipFrozen(keras.callbacks.Callback):
         who = "SkipFrozen"
         compiled = getattr(self.model, "optimizer", None)
         if compiled is None:
-            raise ValueError(f"{who}: the model is not compiled; compile it with optimizer=freezing.MaskedOptimizer(...)")
+            raise ValueError(f"{who}: the model is not compiled; compile it with "
+                             "optimizer=freezing.MaskedOptimizer(...)")
         masked = _masked(compiled, who, built=False)
         if self.optimizer is not None and self.optimizer is not masked:
             raise ValueError(

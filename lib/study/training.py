@@ -33,7 +33,8 @@ def forward(model: keras.Sequential, x: Any, training: bool = False, feature_kee
 
 
 def batch_indices(n: int, batch: int, steps: int, seed: int) -> Iterator[np.ndarray]:
-    """Indices of ``steps`` minibatches, reshuffled every epoch. ``next(batch_indices(100, 10, 5, 0)).shape == (10,)``"""
+    """Indices of ``steps`` minibatches, reshuffled every epoch.
+    ``next(batch_indices(100, 10, 5, 0)).shape == (10,)``"""
     rng = np.random.default_rng(seed)
     order, pos = rng.permutation(n), 0
     for _ in range(steps):
@@ -84,7 +85,8 @@ def restore(variables: Sequence[Any], values: Sequence[np.ndarray]) -> None:
     for v, value in zip(variables, values):
         known = getattr(v.shape, "rank", 0) is not None  # a mask variable of MaskedOptimizer takes any shape
         if known and tuple(v.shape) != tuple(np.shape(value)):
-            raise ValueError(f"restore: shape {np.shape(value)} does not fit {getattr(v, 'path', v.name)} {tuple(v.shape)}")
+            raise ValueError(f"restore: shape {np.shape(value)} does not fit {getattr(v, 'path', v.name)} "
+                             f"{tuple(v.shape)}")
         v.assign(value)
 
 

@@ -123,7 +123,8 @@ def wrapped(original: type) -> type:
 
 
 def _is_optimizer_class(obj: Any) -> bool:
-    return isinstance(obj, type) and issubclass(obj, keras_optimizers.Optimizer) and obj is not keras_optimizers.Optimizer
+    return (isinstance(obj, type) and issubclass(obj, keras_optimizers.Optimizer)
+            and obj is not keras_optimizers.Optimizer)
 
 
 class OptimizersProxy(types.ModuleType):

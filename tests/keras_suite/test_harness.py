@@ -13,7 +13,8 @@ import tensorflow as tf
 import keras_suite_harness as harness
 
 pytestmark = pytest.mark.skipif(not harness.import_keras_tests()[0],
-                                reason=f"Keras {keras.__version__}'s wheel ships no optimizer tests: the harness has nothing to run")
+                                reason=f"Keras {keras.__version__}'s wheel ships no optimizer tests: the harness has "
+                                       "nothing to run")
 from freezing import MaskedOptimizer
 
 REAL_APPLY = harness._ORIGINAL["apply"]

@@ -14,7 +14,8 @@ def has(name: str) -> bool:
 def needs(*names: str) -> pytest.MarkDecorator:
     """Skip a test on a Keras that lacks one of these optimizers, saying which."""
     missing = [n for n in names if not has(n)]
-    return pytest.mark.skipif(bool(missing), reason=f"Keras {keras.__version__} has no keras.optimizers.{', '.join(missing)}")
+    return pytest.mark.skipif(bool(missing),
+                              reason=f"Keras {keras.__version__} has no keras.optimizers.{', '.join(missing)}")
 
 
 OVERWRITE_WITH_GRADIENT = hasattr(keras.optimizers.Optimizer, "_overwrite_variable_with_gradient")

@@ -29,7 +29,8 @@ CONFIGS: dict[str, tuple[str, dict]] = {
 }
 """Name -> (Keras class, options). Weight-decay variants use a large decay (0.05) so that its drift is visible."""
 
-NON_ELEMENTWISE = {"adafactor": ("Adafactor", {}), "muon": ("Muon", {}), "schedule_free_adamw": ("ScheduleFreeAdamW", {})}
+NON_ELEMENTWISE = {"adafactor": ("Adafactor", {}), "muon": ("Muon", {}),
+                   "schedule_free_adamw": ("ScheduleFreeAdamW", {})}
 """Optimizers whose update of one entry reads other entries, where this Keras has them."""
 
 OPTIMIZERS = {name: config for name, config in CONFIGS.items() if hasattr(keras.optimizers, config[0])}

@@ -50,7 +50,8 @@ def build(strategy=None, jit: bool = False, inner=None, seed: int = 0, mixed: bo
 
 
 class TraceCounter(keras.callbacks.Callback):
-    """Counts the traces of ``train_step`` and the variables each trace differentiates (Python runs only when tracing)."""
+    """Counts the traces of ``train_step`` and the variables each
+    trace differentiates (Python runs only when tracing)."""
 
     def __init__(self):
         super().__init__()

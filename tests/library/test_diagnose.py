@@ -8,7 +8,6 @@ import pytest
 
 import freezing.masked_optimizer as masked_module
 from freezing.diagnose import CAUSES, FIXES, Cause, Diagnosis, diagnose
-from freezing.slots import slots
 
 import keras_features
 
@@ -150,7 +149,8 @@ def test_weight_decay_counts_nonzero_entries_and_respects_exclusion():
 def test_constraint():
     model = make(constraint=keras.constraints.NonNeg())
     model.compile(optimizer=K.SGD(0.1), loss="mse")
-    assert found(diagnose(model, masks={"a/kernel": np.array([False, True, True, True])}))[("a/kernel", "constraint")] == 3
+    assert found(diagnose(model, masks={"a/kernel": np.array([False, True, True, True])}))[
+        ("a/kernel", "constraint")] == 3
 
 
 def test_ema_on_trained_and_on_built_but_frozen_variables():
@@ -202,7 +202,8 @@ def test_batchnorm_statistics():
     model.compile(optimizer=K.SGD(0.1), loss="mse")
     bn = model.get_layer("bn")
     d = diagnose(model, ["bn/moving_mean", "bn/moving_variance"])
-    assert found(d) == {("bn/moving_mean", "batchnorm_statistics"): 4, ("bn/moving_variance", "batchnorm_statistics"): 4}
+    assert found(d) == {("bn/moving_mean", "batchnorm_statistics"): 4,
+                        ("bn/moving_variance", "batchnorm_statistics"): 4}
     fit(model)
     bn.trainable = False  # the cached train step still runs BN in training mode
     assert found(diagnose(model, [bn]))[("bn/moving_mean", "batchnorm_statistics")] == 4
@@ -236,7 +237,8 @@ def test_target_forms_merge_and_resolve():
     row0, row1 = np.zeros((3, 4), bool), np.zeros((3, 4), bool)
     row0[0], row1[1] = True, True
     assert found(diagnose(model, masks=[(kernel, ~row0), ("a/kernel", ~row1)])) == {("a/kernel", "gradient"): 8}
-    assert found(diagnose(model, masks={model.get_layer("b"): False})) == {("b/kernel", "gradient"): 4, ("b/bias", "gradient"): 1}
+    assert found(diagnose(model, masks={model.get_layer("b"): False})) == {("b/kernel", "gradient"): 4,
+                                                                          ("b/bias", "gradient"): 1}
     assert found(diagnose(model, kernel)) == {("a/kernel", "gradient"): 12}
     assert len(diagnose(model, masks={"a/kernel": True})) == 0
     with pytest.raises(TypeError):
@@ -320,7 +322,8 @@ def test_real_masked_optimizer(policy):
     for wrapped in (opt, K.LossScaleOptimizer(opt)):
         d = found(diagnose(model, masks=trains, optimizer=wrapped))
         exposed = 4 if policy == "hold" else 8
-        assert d == {("a/kernel", "not_masked"): 4, ("a/kernel", "moments"): exposed, ("a/kernel", "weight_decay"): exposed}
+        assert d == {("a/kernel", "not_masked"): 4, ("a/kernel", "moments"): exposed,
+                     ("a/kernel", "weight_decay"): exposed}
 
 
 @keras_features.needs("MultiOptimizer", "OptimizerMap")
@@ -423,7 +426,8 @@ def test_masks_mean_trains_as_in_set_mask_and_old_frozen_dicts_get_a_clear_error
     assert found(diagnose(model, masks={"a/kernel": keep})) == {("a/kernel", "gradient"): 4}
     assert found(diagnose(model, masks=[(model.get_layer("a").kernel, keep)])) == {("a/kernel", "gradient"): 4}
     for old in ({"a/kernel": ~keep}, [("a/kernel", ~keep)]):
-        with pytest.raises(TypeError, match=r"frozen= takes the targets believed wholly frozen.*masks=\{target: keep\}.*"
+        with pytest.raises(TypeError, match=r"frozen= takes the targets believed wholly frozen.*"
+                                            r"masks=\{target: keep\}.*"
                                             r"True means trains, as in MaskedOptimizer.set_mask: what was "
                                             r"frozen=\{target: frozen\} is masks=\{target: ~frozen\}"):
             diagnose(model, old)

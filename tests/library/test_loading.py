@@ -1,4 +1,5 @@
-"""freezing.load_model on plain Keras models: one whose class overrides compile (as keras-hub tasks do), one that does not.
+"""freezing.load_model on plain Keras models: one whose class overrides compile (as keras-hub tasks do), one that does
+not.
 
 No keras-hub here, so these run on the oldest Keras too; tests/library/test_keras_hub.py runs the tasks themselves.
 """

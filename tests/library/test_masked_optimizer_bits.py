@@ -134,7 +134,8 @@ def test_a_write_that_bypasses_the_guard_raises_when_the_step_is_traced():
     opt = MaskedOptimizer(Rerouted(0.1))
     opt.build([w])
     opt.set_mask(w, np.arange(1 << 15) % 2 == 0)
-    with pytest.raises(RuntimeError, match=r"MaskedOptimizer: Rerouted.apply wrote .w. with AssignSubVariableOp .op .*. "
+    with pytest.raises(RuntimeError, match=r"MaskedOptimizer: Rerouted.apply wrote .w. with AssignSubVariableOp "
+                                           r".op .*. "
                                            r"outside the masked write; frozen entries would move"):
         tf.function(lambda: opt.apply_gradients([(tf.ones(1 << 15), w)]))()
 
@@ -144,7 +145,8 @@ def test_the_private_api_check_names_the_version_and_the_missing_name():
     opt.build([keras.Variable([1.0])])
     object.__setattr__(opt, "_trainable_variables_indices", None)
     del opt.__dict__["_trainable_variables_indices"]
-    with pytest.raises(RuntimeError, match=rf"Keras {keras.__version__}, TensorFlow .*Adam has no '_trainable_variables_indices'"):
+    with pytest.raises(RuntimeError,
+                       match=rf"Keras {keras.__version__}, TensorFlow .*Adam has no '_trainable_variables_indices'"):
         _keras_api.check(opt)
 
 

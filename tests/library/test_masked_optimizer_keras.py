@@ -40,7 +40,8 @@ def _fit(model, opt, epochs=2, callbacks=(), **kw):
 KEEP = np.random.default_rng(2).random((4, 6)) < 0.5
 
 
-@pytest.mark.parametrize("inner", [keras.optimizers.Adam(0.05), "adam", {"class_name": "AdamW", "config": {"learning_rate": 0.05}}],
+@pytest.mark.parametrize("inner", [keras.optimizers.Adam(0.05), "adam",
+                                   {"class_name": "AdamW", "config": {"learning_rate": 0.05}}],
                          ids=["instance", "string", "config"])
 def test_compile_fit_evaluate_predict(inner):
     model = _model()
@@ -350,7 +351,8 @@ def test_norms_trainable_ignore_frozen_gradients_and_all_sees_them(clip):
         if norms is None:
             keras.optimizers.SGD(1.0, **clip).apply_gradients([(plain_grad, w)])
         else:
-            MaskedOptimizer(keras.optimizers.SGD(1.0, **clip), norms=norms).apply_gradients([(grad, w)], trainable_masks=[keep])
+            MaskedOptimizer(keras.optimizers.SGD(1.0, **clip), norms=norms).apply_gradients([(grad, w)],
+                                                                                          trainable_masks=[keep])
         return w.numpy()
 
     trainable, everything = step("trainable"), step("all")

@@ -103,7 +103,8 @@ def test_unmasked_steps_are_bit_identical_to_the_plain_optimizer(name, policy, c
     rng = np.random.default_rng(case["seed"])
     shape = case["shape"]
     plain, plain_w, masked, masked_w = _twins(name, policy, shape, rng)
-    mask = {"none": None, "all1": np.ones(shape, bool), "scalar1": True, "float1": np.ones(shape, np.float32)}[mask_kind]
+    mask = {"none": None, "all1": np.ones(shape, bool), "scalar1": True,
+            "float1": np.ones(shape, np.float32)}[mask_kind]
     for _ in case["kinds"]:
         g = _grad(shape, rng)
         plain.apply_gradients([(g, plain_w)])

@@ -29,7 +29,7 @@ def _model(seed=0):
 def _fit(state, inner=lambda: keras.optimizers.Adam(0.05), epochs=2, seed=0, extra=None):
     model = _model(seed)
     opt = MaskedOptimizer(inner(), state=state)
-    fc1, fc2 = model.get_layer("fc1"), model.get_layer("fc2")
+    fc1 = model.get_layer("fc1")
     opt.set_mask(fc1.kernel, KEEP)  # before build: with state="sparse" this fixes the selection
     opt.set_mask(fc1.bias, False)  # wholly frozen: no state at all
     if extra:
@@ -66,7 +66,8 @@ RSQRT = {"adagrad", "adadelta", "rmsprop", "rmsprop_centered"}
 ELEMENTWISE = sorted(set(OPTIMIZERS) - {"lamb"})
 
 
-@pytest.mark.parametrize("name", [n if n in ("sgd", "adam", "adagrad", "lion") else pytest.param(n, marks=pytest.mark.slow)
+@pytest.mark.parametrize("name", [n if n in ("sgd", "adam", "adagrad", "lion")
+                                  else pytest.param(n, marks=pytest.mark.slow)
                                   for n in ELEMENTWISE])  # four in make test, every one in make test-slow
 def test_trainable_entries_get_the_dense_hold_bits_and_frozen_entries_never_change(name):
     def inner():

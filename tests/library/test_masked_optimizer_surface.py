@@ -54,7 +54,8 @@ def test_swap_ema_weights_sees_through_the_wrapper_and_keeps_frozen_bits():
     assert (kernel.numpy()[:, 1] == before[:, 1]).all()
 
 
-@pytest.mark.skipif(not keras_features.OVERWRITE_WITH_GRADIENT, reason=f"Keras {keras.__version__} has no overwrite_with_gradient")
+@pytest.mark.skipif(not keras_features.OVERWRITE_WITH_GRADIENT,
+                    reason=f"Keras {keras.__version__} has no overwrite_with_gradient")
 def test_overwrite_with_gradient_honours_the_mask():
     w = keras.Variable([1.0, 2.0, 3.0], name="scale")
     w.overwrite_with_gradient = True
@@ -181,7 +182,8 @@ def test_options_read_and_write_through():
     assert opt.inner.clipnorm == 2.0
     assert opt._clip_gradients([np.array([30.0, 40.0])])[0].numpy().tolist() == pytest.approx([1.2, 1.6])
     assert keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(), initial_scale=4.0).initial_scale == 4.0
-    assert MaskedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(), initial_scale=4.0)).initial_scale == 4.0
+    assert MaskedOptimizer(
+        keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(), initial_scale=4.0)).initial_scale == 4.0
 
 
 @pytest.mark.parametrize("nesting", ["plain", "inside_loss_scale", "loss_scale_inside"])

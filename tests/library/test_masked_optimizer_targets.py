@@ -52,7 +52,8 @@ def test_swapped_arguments_are_named_as_swapped():
                                         r"a NumPy array of shape \(3, 4\) and the mask is variable '.*fc/kernel'"):
         opt.set_mask(np.ones((3, 4)), kernel)
     opt.build(model.trainable_variables)
-    with pytest.raises(TypeError, match=r"the arguments are swapped: the target is bool False and the mask is layer 'fc'"):
+    with pytest.raises(TypeError,
+                       match=r"the arguments are swapped: the target is bool False and the mask is layer 'fc'"):
         opt.set_mask(False, model.get_layer("fc"))
 
 

@@ -1,4 +1,5 @@
-"""``freezing.SkipFrozen`` and ``variables_to_differentiate``: a variable frozen whole is not differentiated, nothing else changes.
+"""``freezing.SkipFrozen`` and ``variables_to_differentiate``: a variable frozen whole is not differentiated, nothing
+else changes.
 
 The reference is the same run with masks only: skipping must give every bit of every weight and of the optimizer's
 state that run gives, differentiate only what trains, cost one trace per change of the wholly frozen set, and put
@@ -237,7 +238,8 @@ def test_a_trainable_variable_the_optimizer_was_not_built_with_is_refused_unchan
     for v in model.get_layer("fc1").weights:
         opt.set_mask(v, False)
     state = [v.numpy().copy() for v in opt.variables]
-    with pytest.raises(ValueError, match=r"2 variable\(s\) the optimizer was not built with: \['sequential\w*/out/kernel'"):
+    with pytest.raises(ValueError,
+                       match=r"2 variable\(s\) the optimizer was not built with: \['sequential\w*/out/kernel'"):
         model.fit(scenario.X, scenario.Y, epochs=1, verbose=0, callbacks=[SkipFrozen()])
     assert all(_flags(model)) and all((v.numpy() == s).all() for v, s in zip(opt.variables, state))
 

@@ -174,7 +174,8 @@ def test_stash_and_restore_leave_the_ema_average_and_the_accumulator_alone():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"gradient_accumulation_steps": 2}, r"reset_slots: Adam\(gradient_accumulation_steps=2\) adds what a frozen entry"),
+    ({"gradient_accumulation_steps": 2},
+     r"reset_slots: Adam\(gradient_accumulation_steps=2\) adds what a frozen entry"),
     ({"use_ema": True, "ema_overwrite_frequency": 3}, r"reset_slots: Adam\(use_ema=True, ema_overwrite_frequency=3\)"),
 ])
 def test_reset_slots_refuses_what_the_manual_route_cannot_hold_and_changes_nothing(options, message):

@@ -1,4 +1,5 @@
-"""Study 02: freezing the Deep MNIST CNN with SGD and Adam (any optimizer of study.optimizers by parameter), on real digits.
+"""Study 02: freezing the Deep MNIST CNN with SGD and Adam (any optimizer of study.optimizers by parameter), on real
+digits.
 
 1. ``finetune_study``: pretrain on digits 0-4, freeze ``conv1``/``conv2``, fine-tune ``fc1``/``fc2`` on
    digits 5-9 with the same optimizer (its state carries over, as when a run is frozen midway). Methods:

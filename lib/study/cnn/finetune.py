@@ -78,7 +78,8 @@ def _conv_drift(model: keras.Model, before: Sequence[np.ndarray]) -> tuple[float
 
 
 def finetune_study(config: CnnStudyConfig, data: MnistSplits, progress: bool = True) -> pd.DataFrame:
-    """Pretrain on 0-4, freeze conv1/conv2, fine-tune on 5-9; one row per optimizer x method x seed. ``finetune_study(cfg, data)``
+    """Pretrain on 0-4, freeze conv1/conv2, fine-tune on 5-9; one row per optimizer x method x seed.
+    ``finetune_study(cfg, data)``
 
     Every method of one (optimizer, seed) starts from the same pretrained weights and optimizer state and
     sees the same batches and dropout masks; columns as ``FINETUNE_RUN_COLUMNS``.

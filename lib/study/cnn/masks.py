@@ -61,14 +61,16 @@ def _masked_step(model: keras.Model, opt: MaskedOptimizer, masks_for: Callable) 
 
 
 def random_masks(variables: Sequence[Any], step: tf.Tensor, p: tf.Tensor, seed: tf.Tensor) -> list[tf.Tensor]:
-    """A fresh per-element mask for every variable, a fraction ``p`` True; same for the same (seed, step). ``random_masks(vs, 3, .5, 0)``"""
+    """A fresh per-element mask for every variable, a fraction ``p`` True;
+    same for the same (seed, step). ``random_masks(vs, 3, .5, 0)``"""
     base = tf.cast(step, tf.int64) * len(variables)
     return [tf.random.stateless_uniform(tf.shape(v), seed=tf.stack([tf.cast(seed, tf.int64), base + i])) < p
             for i, v in enumerate(variables)]
 
 
 def block_masks(every: int) -> Callable:
-    """Scalar masks that train one of conv1, conv2, fc1, fc2 at a time, switching every ``every`` steps. ``block_masks(10)``"""
+    """Scalar masks that train one of conv1, conv2, fc1, fc2 at a
+    time, switching every ``every`` steps. ``block_masks(10)``"""
 
     def masks_for(variables: Sequence[Any], step: tf.Tensor, p: tf.Tensor, seed: tf.Tensor) -> list[tf.Tensor]:
         active = (tf.cast(step, tf.int64) // every) % len(BLOCKS)

@@ -50,7 +50,8 @@ def finetune_bars(summary: pd.DataFrame) -> plt.Figure:
         for x, m, sd in zip(xs, rows["acc_new_mean"], rows["acc_new_std"].fillna(0)):
             if m == m:  # below the lower whisker, so that the whisker does not strike it through; upright, so that
                 acc_ax.annotate(f"{m:.{decimals}f}", (x, m - sd), xytext=(0, -4), textcoords="offset points",  # the
-                                ha="center", va="top", rotation=90, fontsize=7, color=colour)  # neighbours' do not touch
+                                ha="center", va="top", rotation=90, fontsize=7,
+                                color=colour)  # neighbours' do not touch
         changed = rows["conv_changed_entries_mean"].to_numpy()
         changed_ax.bar(xs, changed, width, color=colour, label=method)
         for x, c in zip(xs, changed):
@@ -145,7 +146,8 @@ def masked_curves(table: pd.DataFrame, value: str, ylabel: str, log: bool = Fals
 
 
 def accuracy_vs_p(summary: pd.DataFrame) -> plt.Figure:
-    """Final test accuracy against the trainable fraction p, a line per method, a panel per optimizer. ``accuracy_vs_p(s)``"""
+    """Final test accuracy against the trainable fraction p, a line
+    per method, a panel per optimizer. ``accuracy_vs_p(s)``"""
     optimizers = list(dict.fromkeys(summary["optimizer"]))
     ps = sorted(summary["p"].unique())
     fig, axes = plt.subplots(1, len(optimizers), figsize=(3.9 * len(optimizers) + 0.6, 3.8), squeeze=False,

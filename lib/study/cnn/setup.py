@@ -104,7 +104,8 @@ class CnnStudyConfig:
         return cls(**{k: v for k, v in values.items() if k in names and v is not None})
 
     def plain(self) -> dict[str, Any]:
-        """The resolved parameters as plain data (for metrics.json). ``CnnStudyConfig().plain()["seeds"] == [0, 1, 2]``"""
+        """The resolved parameters as plain data (for metrics.json).
+        ``CnnStudyConfig().plain()["seeds"] == [0, 1, 2]``"""
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
 

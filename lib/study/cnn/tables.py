@@ -55,7 +55,8 @@ MASKED_SUMMARY_COLUMNS = {
 
 
 def masked_runs(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per run of a steps table: final accuracy, frozen entries changed over all steps, worst |ΔW|, step time."""
+    """One row per run of a steps table: final accuracy, frozen
+    entries changed over all steps, worst |ΔW|, step time."""
     keys = run_keys(table)
     if table.empty:
         return pd.DataFrame(columns=[*keys, *_RUN_VALUES])
@@ -87,7 +88,8 @@ def masked_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def formatted(table: pd.DataFrame, formats: Mapping[str, str], index: Sequence[str] = ()) -> pd.DataFrame:
-    """``table`` with the columns in ``formats`` as text (``"{:+.3f}"`` style), for display. ``formatted(t, {"a": "{:.1f}"})``"""
+    """``table`` with the columns in ``formats`` as text (``"{:+.3f}"``
+    style), for display. ``formatted(t, {"a": "{:.1f}"})``"""
     out = table.copy()
     for column, spec in formats.items():
         out[column] = [spec.format(v) if v == v else "" for v in out[column]]
@@ -95,7 +97,8 @@ def formatted(table: pd.DataFrame, formats: Mapping[str, str], index: Sequence[s
 
 
 def config_table(config: CnnStudyConfig) -> pd.DataFrame:
-    """The resolved parameters, one row each, as text; learning rates only of the optimizers used. ``config_table(cfg)``"""
+    """The resolved parameters, one row each, as text; learning
+    rates only of the optimizers used. ``config_table(cfg)``"""
     values = config.plain()
     used = {*config.finetune_optimizers, *config.mask_optimizers, *config.block_optimizers}
     values["learning_rates"] = {k: v for k, v in config.learning_rates.items() if k in used}
@@ -118,7 +121,8 @@ def workload(config: CnnStudyConfig) -> pd.DataFrame:
     """Training runs and steps of each experiment: the work the study does, whatever the machine. ``workload(cfg)``"""
     n = len(config.seeds)
     rows = [("pretraining (fit, digits 0-4)", len(config.finetune_optimizers) * n, config.pretrain_steps),
-            ("1. fine-tuning", len(config.finetune_optimizers) * len(config.finetune_methods) * n, config.finetune_steps),
+            ("1. fine-tuning", len(config.finetune_optimizers) * len(config.finetune_methods) * n,
+             config.finetune_steps),
             ("2. per-element masks", len(config.mask_optimizers) * len(config.mask_methods) * len(config.p_values) * n,
              config.mask_steps),
             ("3. blocks", len(config.block_optimizers) * len(config.mask_methods) * n, config.block_steps)]
@@ -235,8 +239,8 @@ def naive_vs_exact_display(trade: pd.DataFrame, summary: pd.DataFrame | None = N
                               [*trade["naive accuracy std"], *trade["hold accuracy std"]])
         time = None
     for method in ("naive", "hold"):
-        out[f"{method} accuracy (mean ± std)"] = [pm(m, s, decimals=acc) for m, s in
-                                                  zip(trade[f"{method} accuracy mean"], trade[f"{method} accuracy std"])]
+        out[f"{method} accuracy (mean ± std)"] = [
+            pm(m, s, decimals=acc) for m, s in zip(trade[f"{method} accuracy mean"], trade[f"{method} accuracy std"])]
     out["naive minus hold"] = [signed(v, decimals=3 if acc is None else acc) for v in trade["naive minus hold"]]
     out["share of frozen entry-steps the naive mask moved"] = [
         f"{v:.0%}" for v in trade["share of frozen entry-steps the naive mask moved"]]
@@ -282,11 +286,13 @@ def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame
     acc = common_decimals(list(finetune["acc_new_mean"]), list(finetune["acc_new_std"]))
     for r in finetune.itertuples():
         out[f"fine-tune {r.optimizer}/{r.method}: test accuracy on digits 5-9 (fraction) / "
-            f"frozen conv entries changed at the end (count, range over seeds)"] = \
-            f"{format_mean_std(r.acc_new_mean, r.acc_new_std, decimals=acc)} / {count_range(r.conv_changed_entries_min, r.conv_changed_entries_max)}"
+            f"frozen conv entries changed at the end (count, range over seeds)"] = (
+            f"{format_mean_std(r.acc_new_mean, r.acc_new_std, decimals=acc)} / "
+            f"{count_range(r.conv_changed_entries_min, r.conv_changed_entries_max)}")
     for name, group in finetune.groupby("optimizer", sort=False):
         step = column_decimals(finetune, ["step_time_ms"])["step_time_ms"]  # as the report's table shows them
-        out[f"fine-tune {name}: median step time of a run (ms, mean ± std over seeds), " + " / ".join(group["method"])] = \
+        out[f"fine-tune {name}: median step time of a run (ms, mean ± std over seeds), "
+            + " / ".join(group["method"])] = \
             " / ".join(format_mean_std(t, sd, decimals=step)
                        for t, sd in zip(group["step_time_ms_mean"], group["step_time_ms_std"]))
     if len(traps):
@@ -297,8 +303,9 @@ def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame
     acc = common_decimals(list(masks["accuracy_mean"]), list(masks["accuracy_std"])) if len(masks) else None
     for r in masks.itertuples():
         out[f"masks p={r.p:g} {r.optimizer}/{r.method}: final test accuracy (fraction) / frozen entries "
-            f"changed, summed over {config.mask_steps} steps (count of entry-steps)"] = \
-            f"{format_mean_std(r.accuracy_mean, r.accuracy_std, decimals=acc)} / {format_count(r.frozen_changed_total_mean, r.frozen_changed_total_std)}"
+            f"changed, summed over {config.mask_steps} steps (count of entry-steps)"] = (
+            f"{format_mean_std(r.accuracy_mean, r.accuracy_std, decimals=acc)} / "
+            f"{format_count(r.frozen_changed_total_mean, r.frozen_changed_total_std)}")
     for name, group in masks.groupby("optimizer", sort=False):
         methods = list(dict.fromkeys(group["method"]))
         if mask_times is not None and len(masks["optimizer"].unique()) == 1:  # as the prose quotes them
@@ -315,8 +322,9 @@ def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame
     acc = common_decimals(list(blocks["accuracy_mean"]), list(blocks["accuracy_std"])) if len(blocks) else None
     for r in blocks.itertuples():
         out[f"blocks {r.optimizer}/{r.method}: final test accuracy (fraction) / resting entries changed, "
-            f"summed over {config.block_steps} steps (count of entry-steps)"] = \
-            f"{format_mean_std(r.accuracy_mean, r.accuracy_std, decimals=acc)} / {format_count(r.frozen_changed_total_mean, r.frozen_changed_total_std)}"
+            f"summed over {config.block_steps} steps (count of entry-steps)"] = (
+            f"{format_mean_std(r.accuracy_mean, r.accuracy_std, decimals=acc)} / "
+            f"{format_count(r.frozen_changed_total_mean, r.frozen_changed_total_std)}")
     return out
 
 
@@ -329,7 +337,8 @@ METRIC_KINDS = {
     "finetune_exact_changed_entries": "count", "fixed_policies_changed_entries": "count",
     "finetune_acc_old_max": "accuracy", "finetune/**/acc_*": "accuracy", "masks/**/accuracy_*": "accuracy",
     "blocks/**/accuracy_*": "accuracy",
-    "finetune/**/step_time_ms_std": "timing_spread", "finetune/**/step_time_ms_mean": "timing", "masks/**/step_time_ms_mean": "timing",
+    "finetune/**/step_time_ms_std": "timing_spread", "finetune/**/step_time_ms_mean": "timing",
+    "masks/**/step_time_ms_mean": "timing",
     "blocks/**/step_time_ms_mean": "timing", "duration_s": "timing",
     "finetune_gate_time_ratio": "timing_ratio", "finetune_masked_time_ratio": "timing_ratio",
     "finetune_skip_time_ratio/*/median": "timing_ratio", "finetune_skip_time_ratio/*/seeds": "constant",

@@ -42,7 +42,8 @@ STATELESS = ("sgd", "adagrad", "adadelta", "rmsprop", "ftrl")
 """Optimizers (as built in ``study.optimizers``) that leave an entry with a zero gradient bit for bit still: no
 momentum, no first moment, no weight decay. SGD, RMSprop without momentum, Adagrad and Adadelta take a step
 proportional to the gradient (their state only scales it); Ftrl (with L1 here) recomputes the weight from its
-accumulators, which a zero gradient leaves unchanged. Every other one moves frozen entries under a stop_gradient mask."""
+accumulators, which a zero gradient leaves unchanged. Every other one moves frozen entries under a stop_gradient
+mask."""
 
 
 def optimizer_label(name: str) -> str:
@@ -186,7 +187,8 @@ def seed2_tf1(method: str) -> pd.DataFrame:
 
 
 def seed2_tf2(method: str) -> pd.DataFrame:
-    """Run the seed's example eagerly with Keras 3 Adam, naive, fixed by hand, or MaskedOptimizer. ``seed2_tf2("hold")``"""
+    """Run the seed's example eagerly with Keras 3 Adam, naive,
+    fixed by hand, or MaskedOptimizer. ``seed2_tf2("hold")``"""
     check_choice("method", method, SEED2_TF2_METHODS)
     w = tf.Variable(tf.zeros(4), name="W")
     opt = keras.optimizers.Adam(SEED2_LR, epsilon=1e-8)  # TF1's default epsilon, to compare exactly
@@ -221,7 +223,8 @@ def _regression(size: int, seed: int) -> tuple[tf.Tensor, tf.Tensor, np.ndarray,
 
 def drift_run(optimizer: str, policy: str, *, steps: int, warmup: int, size: int, seed: int,
               learning_rate: float) -> pd.DataFrame:
-    """Train a least-squares toy, then freeze half of W; one row per step after freezing. ``drift_run("adam", "naive", ...)``
+    """Train a least-squares toy, then freeze half of W; one row per step after freezing.
+    ``drift_run("adam", "naive", ...)``
 
     Columns: ``changed_entries`` (frozen entries whose bits changed in this step), ``max_abs_dW`` (largest
     |ΔW| of a frozen entry in this step), ``max_abs_displacement`` (largest |W − W_freeze| so far),
@@ -301,7 +304,8 @@ def predict_adam_drift(m0: np.ndarray, v0: np.ndarray, t0: int, steps: int, lear
 
 
 def adam_drift_vs_prediction(*, steps: int, warmup: int, size: int, seed: int, learning_rate: float) -> pd.DataFrame:
-    """Measured drift of frozen entries under Keras Adam with a naive gate, beside the prediction. ``adam_drift_vs_prediction(steps=20, ...)``
+    """Measured drift of frozen entries under Keras Adam with a naive gate, beside the prediction.
+    ``adam_drift_vs_prediction(steps=20, ...)``
 
     ``measured`` and ``predicted`` are signed displacements W − W_freeze of each frozen entry after each step.
     """
@@ -402,7 +406,8 @@ def drift_table(summary: pd.DataFrame, optimizers: Sequence[str], policies: Sequ
     """
     by = summary.set_index(["optimizer", "policy"])
     steps, frozen = int(summary["steps"].max()), int(summary["frozen_entries"].max())
-    table = pd.DataFrame(index=pd.Index([optimizer_label(o) for o in optimizers], name="optimizer (Keras class, options)"))
+    table = pd.DataFrame(index=pd.Index([optimizer_label(o) for o in optimizers],
+                                        name="optimizer (Keras class, options)"))
     for policy in policies:
         rows = by.xs(policy, level="policy").reindex(list(optimizers))
         table[f"{policy}: frozen entry-steps that changed (of {frozen} × {steps} = {frozen * steps:,})"] = [
@@ -425,7 +430,8 @@ def headline(metrics: dict[str, Any], summary: pd.DataFrame) -> dict[str, str]:
     out = {
         "seed example, Adam: W after step 2, TF1 graph / TF2 Keras (W units)":
             f"{w(s2['tf1_naive_W_step2'])} / {w(s2['tf2_naive_W_step2'])}",
-        "seed example, step 2: max |ΔW| of the frozen W[1], W[2], naive / get_slot reset / MaskedOptimizer hold (W units)":
+        "seed example, step 2: max |ΔW| of the frozen W[1], W[2], naive / get_slot reset / MaskedOptimizer hold "
+        "(W units)":
             f"{s2['tf1_naive_frozen_max_abs_dW_step2']:.4f} / {s2['tf1_reset_slots_frozen_max_abs_dW_step2']:g} / "
             f"{s2['tf2_hold_frozen_max_abs_dW_step2']:g}",
     }
@@ -433,7 +439,8 @@ def headline(metrics: dict[str, Any], summary: pd.DataFrame) -> dict[str, str]:
         f"mask only (naive gate), {int(summary['frozen_entries'].max())} frozen entries, {steps} steps after "
         f"freezing; {spread}")
     for r in summary[summary["policy"] == "naive"].itertuples():
-        out[f"{optimizer_label(r.optimizer)}: frozen entries changed, summed over the steps (count of entry-steps); max |W − W_freeze| "
+        out[f"{optimizer_label(r.optimizer)}: frozen entries changed, summed over the steps (count of entry-steps); "
+            f"max |W − W_freeze| "
             f"at the end (W units)"] = (f"{format_count(r.changed_entries_sum_mean, r.changed_entries_sum_std)}; "
                                         f"{pm(r.max_abs_displacement_mean, r.max_abs_displacement_std)}")
     fixed = summary[summary["policy"] != "naive"]
@@ -442,8 +449,9 @@ def headline(metrics: dict[str, Any], summary: pd.DataFrame) -> dict[str, str]:
         out[f"MaskedOptimizer {policies}, all {fixed['optimizer'].nunique()} optimizers: frozen entries changed, "
             f"summed over {steps} steps and all seeds (count)"] = f"{metrics['fixed_policies_changed_entries']}"
     out["Adam's drift predicted from m, v, β₁, β₂, ε, t: largest |measured − predicted|, and largest |measured| "
-        "for scale (W units)"] = \
-        f"at most {ceil(metrics['prediction_max_abs_error'], 'sci')}, against {num(metrics['prediction_max_abs_drift'])}"
+        "for scale (W units)"] = (
+        f"at most {ceil(metrics['prediction_max_abs_error'], 'sci')}, "
+        f"against {num(metrics['prediction_max_abs_drift'])}")
     return out
 
 

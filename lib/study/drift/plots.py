@@ -50,7 +50,8 @@ def seed2_trajectories(table: pd.DataFrame, entries: tuple[int, ...] = (1, 0)) -
     families = [("naive", "mask only (naive)"), ("reset_slots", "slots zeroed: reset_slots (TF1, TF2) = reset"),
                 ("stash_restore", "slots stashed and restored: stash_restore (TF1, TF2) = hold")]
     handles = [Line2D([], [], color=FAMILY_COLOURS[m], lw=2, label=text) for m, text in families if m in present]
-    handles += [Line2D([], [], color="0.3", label=f"{api} ({'crosses, dashed' if api.startswith('TF1') else 'dots, solid'})",
+    handles += [Line2D([], [], color="0.3",
+                       label=f"{api} ({'crosses, dashed' if api.startswith('TF1') else 'dots, solid'})",
                        **styles[api]) for api in dict.fromkeys(table["api"]) if api in styles]
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False, bbox_to_anchor=(0.5, -0.1))
     fig.suptitle("Seed example under Adam (lr 0.1). Colour: the method; marker: the API. TF1 and TF2 overlap, and "
@@ -100,7 +101,8 @@ def drift_heatmap(matrix: pd.DataFrame, labels: dict[str, str] | None = None) ->
 
 
 def prediction_vs_measurement(prediction: pd.DataFrame) -> plt.Figure:
-    """Left: measured vs predicted W − W_freeze; right: drift and prediction error per step. ``prediction_vs_measurement(p)``"""
+    """Left: measured vs predicted W − W_freeze; right: drift and
+    prediction error per step. ``prediction_vs_measurement(p)``"""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     left.scatter(prediction["predicted"], prediction["measured"], s=6, alpha=0.5, label="a frozen entry after a step")
     lim = float(np.abs(prediction[["predicted", "measured"]].to_numpy()).max()) * 1.05

@@ -71,11 +71,14 @@ COLUMNS = {
     "optimizer": "sgd or adam (beta_1 = 0.5)",
     "seed": "seed of the run: initial weights, batches, latent vectors, gate draws",
     "iteration": "iteration (one D step, then one G step)",
-    "g_changed_entries_in_d_step": "G's entries whose bits changed during D steps, summed over iterations (count; summary: mean over seeds)",
+    "g_changed_entries_in_d_step": "G's entries whose bits changed during D steps, summed over iterations (count; "
+                                   "summary: mean over seeds)",
     "g_max_abs_dW_in_d_step": "largest one-step |ΔW| of a G entry during a D step (W units; summary: max over seeds)",
-    "d_changed_entries_in_g_step": "D's entries whose bits changed during G steps, summed over iterations (count; summary: mean over seeds)",
+    "d_changed_entries_in_g_step": "D's entries whose bits changed during G steps, summed over iterations (count; "
+                                   "summary: mean over seeds)",
     "d_max_abs_dW_in_g_step": "largest one-step |ΔW| of a D entry during a G step (W units; summary: max over seeds)",
-    "gated_changed_entries": "gated-off entries of the trained network whose bits changed, summed over iterations (count; summary: mean over seeds)",
+    "gated_changed_entries": "gated-off entries of the trained network whose bits changed, summed over iterations "
+                             "(count; summary: mean over seeds)",
     "gated_max_abs_dW": "largest one-step |ΔW| of a gated-off entry (W units; summary: max over seeds)",
     "time_per_iteration_ms": "median wall time of one iteration, first (tracing) one excluded (ms)",
     "confidence": "the judge's mean top-class probability on generated digits (0-1)",
@@ -176,7 +179,8 @@ class Gan(keras.Model):
 
 
 def gated_forward(model: keras.Sequential, x: Any, keep: Sequence[Any] | None = None) -> tf.Tensor:
-    """Forward through an MLP, gating the output of activation ``act<i>`` with ``keep[i-1]``. ``gated_forward(g, z, [1., 0.])``"""
+    """Forward through an MLP, gating the output of activation
+    ``act<i>`` with ``keep[i-1]``. ``gated_forward(g, z, [1., 0.])``"""
     i = 0
     for layer in model.layers:
         x = layer(x)
@@ -187,7 +191,8 @@ def gated_forward(model: keras.Sequential, x: Any, keep: Sequence[Any] | None = 
 
 
 def frozen_by_gates(model: keras.Sequential, keep: Sequence[Any]) -> list[Any]:
-    """Per variable, True when the gates block its gradient (a 0 at or after its layer). ``frozen_by_gates(g, [1, 0])``"""
+    """Per variable, True when the gates block its gradient (a
+    0 at or after its layer). ``frozen_by_gates(g, [1, 0])``"""
     out = []
     for v in model.trainable_variables:
         layer = int(v.path.split("/")[-2][-1]) if "/dense" in f"/{v.path}" else len(keep) + 1
@@ -340,7 +345,8 @@ class _Runner:
         dc, dm = (x.numpy() for x in self._change_d(d_before))
         # train_on_batch reports the mean over the concatenated real + fake batch, half the sum of the two
         # losses that the other methods report: doubled here, so that every method's D loss is the same quantity.
-        return {"d_loss": 2 * float(np.asarray(d_loss).reshape(-1)[0]), "g_loss": float(np.asarray(g_loss).reshape(-1)[0]),
+        return {"d_loss": 2 * float(np.asarray(d_loss).reshape(-1)[0]),
+                "g_loss": float(np.asarray(g_loss).reshape(-1)[0]),
                 "g_changed_entries_in_d_step": int(gc), "g_max_abs_dW_in_d_step": float(gm),
                 "d_changed_entries_in_g_step": int(dc), "d_max_abs_dW_in_g_step": float(dm),
                 "gated_changed_entries": 0, "gated_max_abs_dW": 0.0,
@@ -349,7 +355,8 @@ class _Runner:
 
 # -- the study --------------------------------------------------------------------------------------
 def unknown_variable_trap(optimizer: str = "adam") -> pd.DataFrame:
-    """One Keras 3 optimizer for D and then G: raises unless built for all variables first. ``unknown_variable_trap()``"""
+    """One Keras 3 optimizer for D and then G: raises unless
+    built for all variables first. ``unknown_variable_trap()``"""
     rows = []
     for build_all in (False, True):
         gan = Gan()
@@ -383,7 +390,8 @@ def train_classifier(data: MnistSplits, steps: int, seed: int = 0) -> tuple[kera
 
 
 def sample_quality(classifier: keras.Model, images: np.ndarray) -> dict[str, float]:
-    """Mean classifier confidence and class-coverage entropy (0..1) of generated digits in [-1, 1]. ``sample_quality(c, x)``"""
+    """Mean classifier confidence and class-coverage entropy (0..1)
+    of generated digits in [-1, 1]. ``sample_quality(c, x)``"""
     probs = tf.nn.softmax(classifier((images.reshape(-1, 28, 28, 1) + 1) / 2, training=False)).numpy()
     counts = np.bincount(probs.argmax(axis=1), minlength=10) / len(probs)
     nonzero = counts[counts > 0]
@@ -426,7 +434,8 @@ def gates_of(method: str, do: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run_one(runner: _Runner, images: np.ndarray, config: GanStudyConfig, seed: int) -> tuple[list[dict], dict]:
-    """Train one GAN; returns the logged iterations and the run's audit totals (``AUDIT_KEYS``). ``run_one(r, x, cfg, 0)``
+    """Train one GAN; returns the logged iterations and the run's audit totals (``AUDIT_KEYS``).
+    ``run_one(r, x, cfg, 0)``
 
     The batches, latent vectors and gate draws come from ``iteration_draws`` with ``seed``: the same for every
     method, the Keras recipe (which has no gate) included.
@@ -459,7 +468,8 @@ def train_pairing(config: GanStudyConfig, images: np.ndarray, inits: Mapping[int
     """Every seed of one (method, optimizer) pairing: ``(seed, log, audit totals, samples)`` per seed.
 
     ``samples`` are G's outputs for the fixed latent vectors. Depends only on its arguments (each seed restarts
-    ``enable_determinism``), so ``gan_study`` may run pairings in worker processes. ``train_pairing(cfg, x, inits, "adam", "stop_gradient")``
+    ``enable_determinism``), so ``gan_study`` may run pairings in worker processes.
+    ``train_pairing(cfg, x, inits, "adam", "stop_gradient")``
     """
     fixed_z = _latents(config.quality_samples, 1234)
     out, runner = [], None
@@ -484,7 +494,8 @@ def pairings(config: GanStudyConfig) -> list[tuple[str, str]]:
 
 def gan_study(config: GanStudyConfig, data: MnistSplits, classifier: keras.Model,
               progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, np.ndarray]]:
-    """Every method x optimizer x seed: (per-run table, loss log, sample grids at the first seed). ``gan_study(cfg, data, c)``
+    """Every method x optimizer x seed: (per-run table, loss log, sample grids at the first seed).
+    ``gan_study(cfg, data, c)``
 
     ``grids`` maps (method, optimizer) to 64 samples from the same fixed latent vectors. The pairings run in
     ``config.processes`` worker processes of one TensorFlow thread each (``study.processes``); the tables are the

@@ -29,7 +29,8 @@ def gan_losses(logs: pd.DataFrame) -> plt.Figure:
     gated = [m for m in methods if m in GATED_METHODS]
     groups = [("whole networks", [m for m in methods if m not in GATED_METHODS]),
               ("random gates", (["two_optimizers"] if "two_optimizers" in methods else []) + gated)]
-    groups = [(title, members) for title, members in groups if set(members) - {"two_optimizers"} or title == "whole networks"]
+    groups = [(title, members) for title, members in groups
+              if set(members) - {"two_optimizers"} or title == "whole networks"]
     palette = [c for k, c in enumerate(plt.get_cmap("tab10").colors) if k != 7]  # grey is the reference's
     colours = dict(zip(methods, palette * 2))
     styles = ["-", "--", "-.", ":"]
@@ -97,7 +98,8 @@ def sample_grids(grids: dict, quality: pd.DataFrame | None = None, optimizer: st
 
 
 def gan_drift_bars(summary: pd.DataFrame) -> plt.Figure:
-    """What should stay frozen: changed entries and max |ΔW| per method and optimizer (zeros labelled). ``gan_drift_bars(s)``"""
+    """What should stay frozen: changed entries and max |ΔW| per
+    method and optimizer (zeros labelled). ``gan_drift_bars(s)``"""
     methods = list(dict.fromkeys(summary["method"]))
     optimizers = list(dict.fromkeys(summary["optimizer"]))
     changed = ["g_changed_entries_in_d_step", "d_changed_entries_in_g_step", "gated_changed_entries"]
@@ -113,7 +115,8 @@ def gan_drift_bars(summary: pd.DataFrame) -> plt.Figure:
         for j, name in enumerate(optimizers):
             rows = summary["optimizer"] == name
             v = values[rows].to_numpy()
-            xs = np.array([methods.index(m) for m in summary.loc[rows, "method"]]) + (j - (len(optimizers) - 1) / 2) * width
+            xs = (np.array([methods.index(m) for m in summary.loc[rows, "method"]])
+                  + (j - (len(optimizers) - 1) / 2) * width)
             ax.bar(xs, np.where(v > 0, v, np.nan), width, label=name, color=f"C{j}")
             for x, d in zip(xs, v):
                 if d == 0:
@@ -129,7 +132,8 @@ def gan_drift_bars(summary: pd.DataFrame) -> plt.Figure:
 
 
 def gan_coverage(runs: pd.DataFrame) -> plt.Figure:
-    """Classes the judge sees in the samples and its confidence, per method and optimizer; a dot per seed. ``gan_coverage(runs)``"""
+    """Classes the judge sees in the samples and its confidence, per
+    method and optimizer; a dot per seed. ``gan_coverage(runs)``"""
     methods = list(dict.fromkeys(runs["method"]))
     optimizers = list(dict.fromkeys(runs["optimizer"]))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharex=True, layout="constrained")

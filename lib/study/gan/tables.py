@@ -96,7 +96,8 @@ def headline(summary: pd.DataFrame, classifier_accuracy: float, source: str, ite
     for r in summary.itertuples():
         out[f"{r.method}, {r.optimizer}: changed entries of frozen G / D / gated part (count of entry-steps); classes "
             f"seen (of 10); coverage entropy (0–1); judge confidence (0–1)"] = (
-            f"{r.g_changed_entries_in_d_step:,.0f} / {r.d_changed_entries_in_g_step:,.0f} / {r.gated_changed_entries:,.0f}; "
+            f"{r.g_changed_entries_in_d_step:,.0f} / {r.d_changed_entries_in_g_step:,.0f} / "
+            f"{r.gated_changed_entries:,.0f}; "
             f"{format_mean_std(r.classes_seen_mean, r.classes_seen_std, 2, d['classes_seen'])}; "
             f"{format_mean_std(r.coverage_entropy_mean, r.coverage_entropy_std, 2, d['coverage_entropy'])}; "
             f"{format_mean_std(r.confidence_mean, r.confidence_std, 2, d['confidence'])}")

@@ -1,4 +1,5 @@
-"""Study 04: gradients across a boundary, an asynchronous parameter server, and staleness (notebook ``04_gradients_and_ps``).
+"""Study 04: gradients across a boundary, an asynchronous parameter server, and staleness (notebook
+``04_gradients_and_ps``).
 
 * ``config``: ``GradientStudyConfig``, every parameter of the notebook;
 * ``fetch``: all gradients in one pass against one per variable, and compute -> transform -> apply, exactly;

@@ -154,7 +154,8 @@ def exact_update_check(batch: int = 50, learning_rate: float = 0.01, decay: floa
 
 def quadratic_with_tensorboard(log_dir: str | Path | None, steps: int = 30, b: float = 3.0, x0: float = -2.0,
                                learning_rate: float = 0.2, decay: float = 0.9) -> pd.DataFrame:
-    """The seed's y = 0.5*(x-b)^2 through compute -> transform -> apply, logging x and dy/dx. ``quadratic_with_tensorboard(None)``"""
+    """The seed's y = 0.5*(x-b)^2 through compute -> transform ->
+    apply, logging x and dy/dx. ``quadratic_with_tensorboard(None)``"""
     x = tf.Variable(x0, name="x")
     writer = tf.summary.create_file_writer(str(log_dir)) if log_dir is not None else None
     rows = []

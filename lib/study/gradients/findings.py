@@ -234,17 +234,20 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
     out["max |x_after - (x_before - lr*T(g))| on the CNN"] = "0 (exact)" if error == 0 else f"{error:.1e}"
     for w, r in metrics["ps"].items():
         out[f"Downpour CNN, {w} worker{'s' * (int(w) > 1)}: steps/s (mean ± std over timed windows) / final test "
-            f"accuracy / mean staleness (updates)"] = \
-            f"{r['steps_per_s']:.1f} ± {r['steps_per_s_std']:.1f} / {r['final_accuracy']:.3f} / {r['staleness_mean']:.2f}"
+            f"accuracy / mean staleness (updates)"] = (
+            f"{r['steps_per_s']:.1f} ± {r['steps_per_s_std']:.1f} / {r['final_accuracy']:.3f} / "
+            f"{r['staleness_mean']:.2f}")
     q = metrics.get("quoted", {})
     for pair in metrics.get("staleness_gap_pairs", [["adam", "sgd"]]):
         a, b = pair
-        shown = [f"τ = {tau}: {signed(q[f'gap_{a}_{b}_{tau}'], decimals=3)} ({signed(q[f'gap_low_{a}_{b}_{tau}'], decimals=3)}"
+        shown = [f"τ = {tau}: {signed(q[f'gap_{a}_{b}_{tau}'], decimals=3)} "
+                 f"({signed(q[f'gap_low_{a}_{b}_{tau}'], decimals=3)}"
                  f" to {signed(q[f'gap_high_{a}_{b}_{tau}'], decimals=3)})" for tau in (1, 2, 4, 8)
                  if isinstance(q.get(f"gap_high_{a}_{b}_{tau}"), float) and math.isfinite(q[f"gap_high_{a}_{b}_{tau}"])]
         if shown:
             out[f"staleness, each optimizer at the rate the validation split chose without delay: {a}'s test accuracy "
-                f"lost minus {b}'s, paired by seed (mean and 95% interval; negative: {a} loses less)"] = "; ".join(shown)
+                f"lost minus {b}'s, paired by seed (mean and 95% interval; negative: {a} loses less)"] = "; ".join(
+                shown)
     f = metrics["fault_accounting"]
     out["faults: updates in the last checkpoint restored / lost with the ps / applied after the last restart"] = \
         f"{f['restored_version']} / {f['lost_with_ps']} / {f['applied_after_restart']}"
@@ -254,7 +257,8 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
 METRIC_KINDS = {
     "config": "constant", "freezing_version": "constant", "data_source": "constant", "cnn_variables": "constant",
     "cnn_parameters": "constant", "train_images": "constant", "cpu_count": "constant",
-    "fetch_costs/**/ms": "timing", "fetch_costs/**/ratio_*": "timing_spread", "fetch_costs/**/ratio": "timing_ratio", "fetch_spread": "timing_spread",
+    "fetch_costs/**/ms": "timing", "fetch_costs/**/ratio_*": "timing_spread", "fetch_costs/**/ratio": "timing_ratio",
+    "fetch_spread": "timing_spread",
     "downpour_demo/updates": "count", "downpour_demo/staleness_*": "sample", "ps_staleness/*": "sample",
     "ps/*/steps_per_s_std": "timing_spread", "ps/*/steps_per_s": "timing", "ps/*/updates_per_s": "timing",
     "ps/*/worker_cpu_share_min": "timing_ratio", "ps/*/worker_cpu_s_per_step": "timing",
@@ -268,10 +272,12 @@ METRIC_KINDS = {
     "ps_masked/trainable_entries": "count", "ps_masked/frozen_changed_bits": "count",
     "ps_masked/optimizer_bytes_per_task": "count", "ps_masked/*accuracy": "accuracy",
     "quoted/*_spread_*": "timing_spread", "quoted/*_side": "timing_verdict",  # before the ratios they belong to
-    "quoted/tf1_eval_per_variable": "timing_ratio", "quoted/eager_*": "timing_ratio", "quoted/function_*": "timing_ratio",
+    "quoted/tf1_eval_per_variable": "timing_ratio", "quoted/eager_*": "timing_ratio",
+    "quoted/function_*": "timing_ratio",
     "quoted/worker_cpu_ms*": "timing", "quoted/worker_cpu_ratio": "timing_ratio", "quoted/ps_cpu_ratio": "timing_ratio",
     "quoted/link_gbit_s": "constant", "quoted/timing_tolerance": "constant",
-    "confidence": "constant", "staleness_gap_pairs": "constant", "quoted/transfer_s": "constant", "quoted/largest_variable*": "constant",
+    "confidence": "constant", "staleness_gap_pairs": "constant", "quoted/transfer_s": "constant",
+    "quoted/largest_variable*": "constant",
     "quoted/model_mb": "constant", "quoted/mb_per_task": "constant", "quoted/n_smallest": "constant",
     "quoted/n_largest": "constant", "quoted/updates_smallest": "constant", "quoted/updates_largest": "constant",
     "quoted/sweep_steps": "constant", "quoted/accuracy_*": "accuracy",

@@ -112,7 +112,8 @@ def staleness_histograms(runs: Mapping[str, Mapping[str, Any]]) -> plt.Figure:
         counts = np.bincount(values, minlength=top + 1) / len(values)
         ax.bar(range(top + 1), counts, width=0.8)
         job = result.get("config", {})
-        setting = (f"{job['workers']} worker{'s' * (job['workers'] > 1)}, n_push = {job['n_push']}, {job['steps']} steps"
+        setting = (f"{job['workers']} worker{'s' * (job['workers'] > 1)}, n_push = {job['n_push']}, "
+                   f"{job['steps']} steps"
                    if {"workers", "n_push", "steps"} <= set(job) else label)
         ax.set_title(f"{setting}\nmean {values.mean():.2f}, {len(values)} pushes", fontsize=9)
         ax.set_xlabel("staleness (updates)")
@@ -159,7 +160,8 @@ def dai_slowdown(check: pd.DataFrame) -> plt.Figure:
     names = list(dict.fromkeys(check["optimizer"]))
     for i, (name, group) in enumerate(check.groupby("optimizer", sort=False)):
         shift = 1 + 0.04 * (i - (len(names) - 1) / 2)  # a small offset on the log-like axis
-        error = [(group["drop_mean"] - group["drop_ci_low"]).fillna(0), (group["drop_ci_high"] - group["drop_mean"]).fillna(0)]
+        error = [(group["drop_mean"] - group["drop_ci_low"]).fillna(0),
+                 (group["drop_ci_high"] - group["drop_mean"]).fillna(0)]
         ax.errorbar(group["tau"] * shift, group["drop_mean"], yerr=error, marker="o", capsize=3,
                     color=OPTIMIZER_COLOURS.get(name), label=f"{name} (lr {group['learning_rate'].iloc[0]:g})")
     taus = sorted(check["tau"].unique())
@@ -213,7 +215,8 @@ def fault_timeline(result: Mapping[str, Any]) -> plt.Figure:
             if estimated:
                 ax.plot([end, end], [i - 0.34, i + 0.34], ls=":", lw=1.6, color="C3", zorder=5,
                         label=once("end estimated: the launcher's last reading\nbefore the kill (not exact)"))
-            ax.annotate(f"{restarts[i]['killed']} killed at " + (f"≈{end} (estimated)" if estimated else f"{end} (exact)"),
+            ax.annotate(f"{restarts[i]['killed']} killed at "
+                        + (f"≈{end} (estimated)" if estimated else f"{end} (exact)"),
                         (end, i), xytext=(4, 8), textcoords="offset points", fontsize=8, color="C3")
     for fault in result["faults"]:
         if fault["killed"].startswith("worker"):

@@ -76,7 +76,8 @@ def placement_table(result: Mapping[str, Any]) -> pd.DataFrame:
 
 
 RUN_DISPLAY = {  # ps_table column -> the report's header (units in parentheses); CPU seconds are shown in ms
-    "workers": "workers", "n_push": "n_fetch = n_push", "steps": "steps (minibatches)", "applied_updates": "updates applied",
+    "workers": "workers", "n_push": "n_fetch = n_push", "steps": "steps (minibatches)",
+    "applied_updates": "updates applied",
     "steps_per_s": "steps/s (mean ± std over timed windows)", "staleness_mean": "mean staleness (updates)",
     "staleness_max": "max staleness (updates)", "final_accuracy": "final test accuracy",
     "worker_cpu_s_per_step": "worker CPU per step (ms)", "ps_cpu_s_per_step": "ps CPU per step (ms)",
@@ -157,7 +158,8 @@ HEADERS = {
     "learning_rate": "learning rate", "reached": "seeds that reached the target",
     "slowdown_mean": "slowdown, mean (ratio of updates)", "slowdown_std": "slowdown, std",
     "drop_mean": "accuracy lost, mean", "drop_std": "accuracy lost, std",
-    "shards_on": "shards on", "frozen_entries": "frozen entries", "frozen_bits_changed": "frozen entries changed (bitwise)",
+    "shards_on": "shards on", "frozen_entries": "frozen entries",
+    "frozen_bits_changed": "frozen entries changed (bitwise)",
     "trainable_entries": "trainable entries", "trainable_changed": "trainable entries changed",
     "tau": "τ (updates late)", "staleness_mean": "mean staleness (updates)",
 }

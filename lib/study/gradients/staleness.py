@@ -219,7 +219,8 @@ def best_learning_rates(curves: pd.DataFrame) -> dict[str, float]:
     """Each optimizer's learning rate with the best mean final *validation* accuracy at tau = 0 (tuned without
     delay); the test split never chooses. Optimizers in the order of ``curves``."""
     fresh = _mean_over_seeds(curves).query("tau == 0")
-    return {name: float(g.loc[g["val_mean"].idxmax(), "learning_rate"]) for name, g in fresh.groupby("optimizer", sort=False)}
+    return {name: float(g.loc[g["val_mean"].idxmax(), "learning_rate"])
+            for name, g in fresh.groupby("optimizer", sort=False)}
 
 
 def best_per_tau(curves: pd.DataFrame) -> pd.DataFrame:
@@ -245,7 +246,8 @@ def rate_grid(curves: pd.DataFrame) -> pd.DataFrame:
     stats = _mean_over_seeds(curves)
     first = stats.loc[stats.groupby(["optimizer", "tau"], sort=False)["val_mean"].idxmax()]  # ties: the first rate
     picked = set(zip(first["optimizer"], first["tau"], first["learning_rate"]))
-    stats["chosen"] = [(o, t, lr) in picked for o, t, lr in zip(stats["optimizer"], stats["tau"], stats["learning_rate"])]
+    stats["chosen"] = [(o, t, lr) in picked
+                       for o, t, lr in zip(stats["optimizer"], stats["tau"], stats["learning_rate"])]
     best = best_learning_rates(curves)
     stats["chosen_undelayed"] = [best.get(o) == lr for o, lr in zip(stats["optimizer"], stats["learning_rate"])]
     return stats
@@ -400,7 +402,8 @@ def dai_display(check: pd.DataFrame) -> pd.DataFrame:
     """``dai_check`` as the report shows it: rows (optimizer, τ), every cell text, one precision per column.
 
     A slowdown is shown only where every seed reached the target (otherwise its mean is infinite: "—")."""
-    out = pd.DataFrame(index=pd.MultiIndex.from_frame(check[["optimizer", "tau"]], names=["optimizer", "τ (updates late)"]))
+    out = pd.DataFrame(index=pd.MultiIndex.from_frame(check[["optimizer", "tau"]],
+                                                      names=["optimizer", "τ (updates late)"]))
     out["learning rate"] = [f"{lr:g}" for lr in check["learning_rate"]]
     out["seeds that reached the target"] = [f"{r} of {n}" for r, n in zip(check["reached"], check["seeds"])]
     out["slowdown (× the updates at τ = 0), mean ± std"] = _column(check["slowdown_mean"], check["slowdown_std"])

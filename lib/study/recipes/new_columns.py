@@ -20,7 +20,8 @@ from study.recipes.setup import (
 
 
 def new_columns_study(config: RecipesConfig, data: MnistSplits, pretrained: Mapping[int, Pretrained]) -> StudyResult:
-    """Train only the 5 new output columns of the extended classifier on digits 5-9; body frozen. ``new_columns_study(cfg, data, pre)``"""
+    """Train only the 5 new output columns of the extended classifier on
+    digits 5-9; body frozen. ``new_columns_study(cfg, data, pre)``"""
     _, (x_new, y_new) = old_new(data.x_train, data.y_train)
     keep = np.arange(10) >= OLD_CLASSES  # the new columns train
     rows, diagnosis = [], []
@@ -54,7 +55,8 @@ def new_columns_study(config: RecipesConfig, data: MnistSplits, pretrained: Mapp
                 constraints[1].reset(values=head.bias.numpy())
             before = [head.kernel.numpy().copy(), head.bias.numpy().copy()]
             if seed == config.seeds[0]:
-                diagnosis += _diagnosis_rows("1 new columns", method, freezing.diagnose(model, masks={k: ~m for k, m in frozen.items()}))
+                diagnosis += _diagnosis_rows("1 new columns", method,
+                                             freezing.diagnose(model, masks={k: ~m for k, m in frozen.items()}))
             timer = StepTimer()
             _fit_steps(model, x_new, y_new, config.batch, config.new_columns_steps, seed, [timer])
             after = [head.kernel.numpy(), head.bias.numpy()]

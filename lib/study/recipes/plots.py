@@ -15,7 +15,8 @@ import pandas as pd
 from study.recipes.labels import method_label
 
 COLOURS = {"gradient_mask": "tab:red", "naive_gate": "tab:red", "constraint": "tab:orange", "exact": "tab:green",
-           "mask_schedule": "tab:green", "skip_frozen": "tab:cyan", "recompile_fresh": "tab:blue", "recompile_same": "tab:gray",
+           "mask_schedule": "tab:green", "skip_frozen": "tab:cyan", "recompile_fresh": "tab:blue",
+           "recompile_same": "tab:gray",
            "trainable_flip": "tab:red", "full": "tab:blue", "last_layer": "tab:purple", "sparse": "tab:green",
            "sparse_state": "tab:olive", "lora": "tab:brown"}
 
@@ -63,7 +64,8 @@ def new_columns(runs: pd.DataFrame) -> plt.Figure:
 
 
 def pruning(runs: pd.DataFrame) -> plt.Figure:
-    """Recipe 2: fc1 sparsity at the end and accuracy after fine-tuning vs target sparsity, per optimizer. ``pruning(r2.runs)``"""
+    """Recipe 2: fc1 sparsity at the end and accuracy after fine-tuning
+    vs target sparsity, per optimizer. ``pruning(r2.runs)``"""
     optimizers = list(dict.fromkeys(runs["optimizer"]))
     fig, axes = plt.subplots(2, len(optimizers), figsize=(5.2 * len(optimizers), 7), squeeze=False, sharex=True)
     for col, name in enumerate(optimizers):
@@ -83,9 +85,11 @@ def pruning(runs: pd.DataFrame) -> plt.Figure:
                             yerr=s["acc_finetuned"].std().reindex(targets).fillna(0), marker="o",
                             color=COLOURS.get(method), label=label, capsize=3, alpha=0.8)
         pruned = rows.groupby("sparsity")["acc_pruned"]
-        bottom.errorbar(100 * np.array(targets), pruned.mean().reindex(targets), yerr=pruned.std().reindex(targets).fillna(0),
+        bottom.errorbar(100 * np.array(targets), pruned.mean().reindex(targets),
+                        yerr=pruned.std().reindex(targets).fillna(0),
                         color="0.5", ls="--", marker="x", label="just pruned (before fine-tuning)", capsize=3)
-        top.set(ylabel="fc1 entries exactly zero at the end (%)", title=f"{name}: sparsity kept\n(markers offset sideways to avoid overlap)",
+        top.set(ylabel="fc1 entries exactly zero at the end (%)",
+                title=f"{name}: sparsity kept\n(markers offset sideways to avoid overlap)",
                 ylim=(-5, 100))
         bottom.set(xlabel="target sparsity of fc1 (%)", ylabel="test accuracy (fraction)",
                    title=f"{name}: accuracy after fine-tuning\n({_noise_note(rows, 'acc_finetuned')})")
@@ -114,7 +118,8 @@ def _noise_note(rows: pd.DataFrame, column: str) -> str:
 
 
 def unfreezing(curves: pd.DataFrame, every: int, layers: Sequence[str]) -> plt.Figure:
-    """Recipe 3: accuracy per epoch, and the head's Adam momentum across stage boundaries. ``unfreezing(r3.extra["curves"], 1, names)``"""
+    """Recipe 3: accuracy per epoch, and the head's Adam momentum across
+    stage boundaries. ``unfreezing(r3.extra["curves"], 1, names)``"""
     fig, (acc_ax, mom_ax) = plt.subplots(1, 2, figsize=(12, 4))
     ends = curves[curves["when"] == "end"]
     for method, g in ends.groupby("method", sort=False):
@@ -137,7 +142,8 @@ def unfreezing(curves: pd.DataFrame, every: int, layers: Sequence[str]) -> plt.F
                     fontsize=8, va="bottom", ha="center", color="0.4")  # above the frame, clear of the legends
     acc_ax.set(xlabel="epochs completed (dotted: a layer is unfrozen)", ylabel="test accuracy on digits 5-9 (fraction)",
                title="Accuracy at the end of each epoch (mean ± std)\n")
-    mom_ax.set(xlabel="epoch (points at each epoch's start and end)", ylabel="L2 norm of the head kernel's Adam momentum",
+    mom_ax.set(xlabel="epoch (points at each epoch's start and end)",
+               ylabel="L2 norm of the head kernel's Adam momentum",
                title="Optimizer state across stages (first seed)\n")
     handles, labels = mom_ax.get_legend_handles_labels()  # one legend below both panels: inside, it covered lines
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
@@ -146,7 +152,8 @@ def unfreezing(curves: pd.DataFrame, every: int, layers: Sequence[str]) -> plt.F
 
 
 def sparse(runs: pd.DataFrame) -> plt.Figure:
-    """Recipe 4: new-task accuracy against forgetting, and optimizer memory against step time, per variant. ``sparse(r4.runs)``
+    """Recipe 4: new-task accuracy against forgetting, and optimizer memory against step time, per variant.
+    ``sparse(r4.runs)``
 
     The sparse state trains the same bits as the dense state, so its points sit on the dense ones in the
     left panel (hollow markers).
@@ -195,14 +202,16 @@ def _pick(looks: Sequence[tuple[str, str]], i: int) -> tuple[str, str]:
 
 
 def subnetwork(steps: pd.DataFrame, runs: pd.DataFrame) -> plt.Figure:
-    """Recipe 5: moved frozen entries accumulated over steps, and final accuracy, per method. ``subnetwork(steps, runs)``"""
+    """Recipe 5: moved frozen entries accumulated over steps, and
+    final accuracy, per method. ``subnetwork(steps, runs)``"""
     fig, (moved_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1.6, 1]})
     spreads = []
     for method, g in steps.groupby("method", sort=False):
         for _, one in g.groupby("seed"):  # thin: each seed
             moved_ax.plot(one["step"], one["cumulative_moved"] / 1e6, color=COLOURS.get(method), lw=0.8, alpha=0.6)
         s = g.groupby("step")["cumulative_moved"]
-        moved_ax.plot(s.mean().index, s.mean() / 1e6, color=COLOURS.get(method), label=method_label(method) + " (mean)", lw=2)
+        moved_ax.plot(s.mean().index, s.mean() / 1e6, color=COLOURS.get(method), label=method_label(method) + " (mean)",
+                      lw=2)
         last = g[g["step"] == g["step"].max()]["cumulative_moved"]
         if last.mean() > 0 and last.size > 1:
             spreads.append(((last - last.mean()).abs().max() / last.mean(), last.min(), last.max()))

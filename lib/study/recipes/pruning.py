@@ -58,7 +58,8 @@ def _eval_cnn(model: keras.Model, data: MnistSplits, n: int) -> float:
 
 
 def pretrain_cnns(config: RecipesConfig, data: MnistSplits) -> dict[int, CnnState]:
-    """Per seed: dense training of the Deep MNIST CNN on all digits with Adam; keep weights and Adam state. ``pretrain_cnns(cfg, data)``"""
+    """Per seed: dense training of the Deep MNIST CNN on all digits with
+    Adam; keep weights and Adam state. ``pretrain_cnns(cfg, data)``"""
     model = deep_mnist_cnn()
     opt = make_optimizer("adam", config.learning_rate)
     model.compile(optimizer=opt, loss=LOSS)
@@ -78,7 +79,8 @@ def pretrain_cnns(config: RecipesConfig, data: MnistSplits) -> dict[int, CnnStat
 
 
 def load_cnn_state(model: keras.Model, optimizer: Any, state: CnnState) -> None:
-    """Put a ``CnnState`` into a Deep MNIST CNN and a built Adam/AdamW (looked up through wrappers). ``load_cnn_state(m, opt, s)``"""
+    """Put a ``CnnState`` into a Deep MNIST CNN and a built Adam/AdamW
+    (looked up through wrappers). ``load_cnn_state(m, opt, s)``"""
     restore(model.variables, state.variables)
     inner = freezing.unwrap(optimizer)
     for v in model.trainable_variables:
@@ -175,7 +177,8 @@ def pruning_study(config: RecipesConfig, data: MnistSplits, states: Mapping[int,
     runs = pd.DataFrame(rows)
     ref = runs[runs["method"] == "exact"].set_index(["optimizer", "seed", "sparsity"])["weights"]
     runs["same_weights_as_exact"] = [
-        w == ref.get((o, s, p)) for o, s, p, w in zip(runs["optimizer"], runs["seed"], runs["sparsity"], runs["weights"])]
+        w == ref.get((o, s, p))
+        for o, s, p, w in zip(runs["optimizer"], runs["seed"], runs["sparsity"], runs["weights"])]
     dense_ms = float(np.mean([s.step_time_ms for s in states.values()]))
     return StudyResult(runs.drop(columns="weights"), pd.DataFrame(diagnosis),
                        {"dense_adam_step_time_ms": dense_ms, "fresh_gradient_mask": pd.DataFrame(fresh_rows)})

@@ -95,7 +95,8 @@ COLUMNS = {
     "recipe": "the recipe (section of the notebook)",
     "variable": "variable path",
     "cause": "what freezing.diagnose says can move the frozen entries",
-    "entries": "diagnose table: frozen entries that the cause can move (count); selection table: entries of the variable",
+    "entries": "diagnose table: frozen entries that the cause can move (count); selection table: entries of the "
+               "variable",
     "fix": "freezing.diagnose's one-sentence fix",
     "selected": "entries FISH selected in this variable (count)",
     "share": "selected / entries (fraction)",
@@ -188,7 +189,8 @@ class RecipesConfig:
 
     @classmethod
     def from_overrides(cls, overrides: Mapping[str, Any]) -> RecipesConfig:
-        """A config from papermill's values, where None means "the default". ``RecipesConfig.from_overrides({"seeds": [0]})``"""
+        """A config from papermill's values, where None means "the
+        default". ``RecipesConfig.from_overrides({"seeds": [0]})``"""
         unknown = sorted(set(overrides) - set(cls.names()))
         if unknown:
             raise ValueError(f"RecipesConfig: unknown parameter(s) {unknown}; allowed: {cls.names()}")
@@ -217,7 +219,8 @@ def extend_head(weights: Sequence[np.ndarray], new_head: Sequence[np.ndarray]) -
     """Weights of the wider model: the old body, old head columns first, then the new columns.
 
     ``weights`` are ``mlp(5).get_weights()``; ``new_head`` is ``[kernel, bias]`` of a fresh ``mlp(10)`` head,
-    whose first columns are overwritten by the old ones. ``extend_head(old.get_weights(), new.layers[-1].get_weights())``
+    whose first columns are overwritten by the old ones.
+    ``extend_head(old.get_weights(), new.layers[-1].get_weights())``
     """
     *body, kernel, bias = [np.asarray(w) for w in weights]
     new_kernel, new_bias = (np.array(w, copy=True) for w in new_head)
@@ -249,7 +252,8 @@ class CopyBack(keras.constraints.Constraint):
             self.values.assign(np.asarray(values, np.float32))
 
     def state_bytes(self) -> int:
-        """Bytes the constraint stores: the mask, plus the copy of the values. ``CopyBack(np.ones(4)).state_bytes() == 4``"""
+        """Bytes the constraint stores: the mask, plus the copy of
+        the values. ``CopyBack(np.ones(4)).state_bytes() == 4``"""
         size = int(np.prod(self.keep.shape)) * self.keep.dtype.size
         return size + (0 if self.values is None else int(np.prod(self.values.shape)) * self.values.dtype.size)
 
@@ -259,7 +263,8 @@ class CopyBack(keras.constraints.Constraint):
 
 
 class StepAudit(StepTimer):
-    """Per step: how many entries frozen *in that step* by ``mask_fn`` changed their bits (timed apart from the audit)."""
+    """Per step: how many entries frozen *in that step* by
+    ``mask_fn`` changed their bits (timed apart from the audit)."""
 
     def __init__(self, variables: Sequence[Any], mask_fn: Callable, optimizer: Any):
         super().__init__()
@@ -298,7 +303,8 @@ def _dataset(x: np.ndarray, y: np.ndarray, batch: int, steps: int, seed: int) ->
 
 
 def old_new(x: np.ndarray, y: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """``(x_old, y_old), (x_new, y_new)``: digits 0-4 and 5-9. ``(xo, yo), (xn, yn) = old_new(data.x_train, data.y_train)``"""
+    """``(x_old, y_old), (x_new, y_new)``: digits 0-4 and 5-9.
+    ``(xo, yo), (xn, yn) = old_new(data.x_train, data.y_train)``"""
     old = y < OLD_CLASSES
     return (x[old], y[old]), (x[~old], y[~old])
 
@@ -344,7 +350,8 @@ class Pretrained:
 
 
 def pretrain_mlps(config: RecipesConfig, data: MnistSplits) -> dict[int, Pretrained]:
-    """Per seed: train ``mlp(5)`` on digits 0-4 with Adam, and extend its head to 10 classes. ``pretrain_mlps(cfg, data)``"""
+    """Per seed: train ``mlp(5)`` on digits 0-4 with Adam, and
+    extend its head to 10 classes. ``pretrain_mlps(cfg, data)``"""
     (x_old, y_old), _ = old_new(data.x_train, data.y_train)
     (xt_old, yt_old), _ = old_new(data.x_test, data.y_test)
     model = mlp(OLD_CLASSES, config.hidden)

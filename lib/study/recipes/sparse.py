@@ -100,7 +100,8 @@ def lora_rank(model: keras.Model, entries: int) -> int:
 
 
 def optimizer_bytes(optimizer: keras.optimizers.Optimizer) -> int:
-    """Bytes of every variable ``optimizer`` holds (``MaskedOptimizer.state_bytes`` for the wrapper). ``optimizer_bytes(adam)``"""
+    """Bytes of every variable ``optimizer`` holds (``MaskedOptimizer.state_bytes``
+    for the wrapper). ``optimizer_bytes(adam)``"""
     if isinstance(optimizer, MaskedOptimizer):
         return optimizer.state_bytes()
     return int(sum(int(tf.size(v).numpy()) * tf.as_dtype(v.dtype).size for v in optimizer.variables))
@@ -116,7 +117,8 @@ def _effective(model: keras.Model) -> list[np.ndarray]:
 
 
 def _lora_model(config: RecipesConfig, weights: Sequence[np.ndarray], rank: int, seed: int) -> keras.Model:
-    """The pretrained MLP with ``layer.enable_lora(rank)`` on every Dense layer (seeded adapters), compiled with Adam."""
+    """The pretrained MLP with ``layer.enable_lora(rank)`` on
+    every Dense layer (seeded adapters), compiled with Adam."""
     enable_determinism(seed)
     model = mlp(10, config.hidden)
     model.set_weights(weights)
@@ -128,7 +130,8 @@ def _lora_model(config: RecipesConfig, weights: Sequence[np.ndarray], rank: int,
 
 
 def _sparse_state_model(config: RecipesConfig, weights: Sequence[np.ndarray], masks: Sequence[np.ndarray]):
-    """The pretrained MLP with ``MaskedOptimizer(Adam, state="sparse")`` for the selection ``masks`` (set before build)."""
+    """The pretrained MLP with ``MaskedOptimizer(Adam, state="sparse")``
+    for the selection ``masks`` (set before build)."""
     model = mlp(10, config.hidden)
     model.set_weights(weights)
     opt = MaskedOptimizer(make_optimizer("adam", config.learning_rate), state="sparse")
@@ -191,8 +194,9 @@ def sparse_study(config: RecipesConfig, data: MnistSplits, pretrained: Mapping[i
                             if method == "sparse":
                                 opt.set_mask(v, m)
                                 if seed == config.seeds[0]:
-                                    selection.append({"fraction": fraction, "variable": v.path, "selected": int(m.sum()),
-                                                      "entries": int(m.size), "share": float(m.mean())})
+                                    selection.append({"fraction": fraction, "variable": v.path,
+                                                      "selected": int(m.sum()), "entries": int(m.size),
+                                                      "share": float(m.mean())})
                     trained_entries = int(sum(m.sum() for m in trained.values()))
                 weights = list(model.weights) if trained is not None else None
                 before = snapshot(weights) if trained is not None else _effective(model)

@@ -46,7 +46,8 @@ class RandomUnits:
 
 # -- 5. random sub-network every step --------------------------------------------------------------------
 def subnetwork_study(config: RecipesConfig, data: MnistSplits) -> StudyResult:
-    """From scratch on all digits, a random ``subnet_p`` of each layer's units trains at every step. ``subnetwork_study(cfg, data)``"""
+    """From scratch on all digits, a random ``subnet_p`` of each layer's
+    units trains at every step. ``subnetwork_study(cfg, data)``"""
     rows, steps, diagnosis = [], [], []
     for method in SUBNET_METHODS:
         model = mlp(10, config.hidden)
@@ -64,8 +65,10 @@ def subnetwork_study(config: RecipesConfig, data: MnistSplits) -> StudyResult:
             _fit_steps(model, data.x_train, data.y_train, config.batch, config.subnet_steps, seed, [audit])
             if seed == config.seeds[0]:
                 step = int(opt.iterations.numpy())
-                frozen = {v.path: ~np.broadcast_to(mask_fn(step, v).numpy(), v.shape) for v in model.trainable_variables}
-                diagnosis += _diagnosis_rows("5 random units", method, freezing.diagnose(model, masks={k: ~m for k, m in frozen.items()}))
+                frozen = {v.path: ~np.broadcast_to(mask_fn(step, v).numpy(), v.shape)
+                          for v in model.trainable_variables}
+                diagnosis += _diagnosis_rows("5 random units", method,
+                                             freezing.diagnose(model, masks={k: ~m for k, m in frozen.items()}))
             for r in audit.rows:
                 steps.append({"method": method, "seed": seed, **r})
             rows.append({"method": method, "seed": seed, "p": config.subnet_p,

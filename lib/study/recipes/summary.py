@@ -17,7 +17,8 @@ from study.recipes.setup import NEW_COLUMN_METHODS, SUBNET_METHODS, StudyResult
 
 # -- summaries, tables, headline -------------------------------------------------------------------------
 def summarize(runs: pd.DataFrame, by: Sequence[str], values: Sequence[str]) -> pd.DataFrame:
-    """Mean, std, min and max over seeds of ``values`` per group, and the seed count. ``summarize(r, ["method"], ["acc_new"])``"""
+    """Mean, std, min and max over seeds of ``values`` per group,
+    and the seed count. ``summarize(r, ["method"], ["acc_new"])``"""
     grouped = runs.groupby(list(by), sort=False, dropna=False)
     out = grouped[list(values)].agg(["mean", "std", "min", "max"])
     out.columns = [f"{v}_{stat}" for v, stat in out.columns]
@@ -54,7 +55,8 @@ def recipe_metrics(r1: StudyResult, r2: StudyResult, r3: StudyResult, r4: StudyR
                             "state_kept": bool(g["state_kept"].all()) if g["finished"].all() else False,
                             "boundaries": int(len(b) / max(g["seed"].nunique(), 1)),
                             "boundaries_kept": int(b["kept"].sum() / max(g["seed"].nunique(), 1)) if len(b) else 0,
-                            "boundaries_total": int(len(b)), "boundaries_kept_total": int(b["kept"].sum()) if len(b) else 0,
+                            "boundaries_total": int(len(b)),
+                            "boundaries_kept_total": int(b["kept"].sum()) if len(b) else 0,
                             "momentum_norm_after_min": float(b["norm_after"].min()) if len(b) else float("nan"),
                             "raised_at_stage": None if g["finished"].all() else  # 1-based: the stage whose fit raised
                             int(len(b) / max(g["seed"].nunique(), 1)) + 1,
@@ -81,7 +83,8 @@ def recipe_metrics(r1: StudyResult, r2: StudyResult, r3: StudyResult, r4: StudyR
                 "acc_new": float(g["acc_new"].mean()), "acc_new_std": float(g["acc_new"].std()),
                 "forgetting": float(g["forgetting"].mean()), "forgetting_std": float(g["forgetting"].std()),
                 "step_time_ms": float(g["step_time_ms"].mean()),
-                "step_time_ms_std": float(g["step_time_ms"].std()) if len(g) > 1 else 0.0, "seeds": int(g["seed"].nunique())}
+                "step_time_ms_std": float(g["step_time_ms"].std()) if len(g) > 1 else 0.0,
+                "seeds": int(g["seed"].nunique())}
             for v, g in sp.groupby("variant", sort=False)}},
         "subnetwork": {"p": float(sn["p"].iloc[0]),
                        "methods": per_method(sn, "moved", ["accuracy", "frozen", "moved"]),
@@ -264,13 +267,15 @@ def headline(metrics: Mapping[str, Any], source: str) -> dict[str, str]:
     out[f"Recipe 1 (new output columns), {opt1}: old entries changed, max over seeds (of {r1['old_entries']:,}), "
         "gradient mask / copy-back constraint / exact mask"] = " / ".join(
             f"{m1[m]['moved_max']:,}" for m in NEW_COLUMN_METHODS)
-    out[f"Recipe 1 (new output columns), {opt1}, exact mask: test accuracy on digits 5-9 / 0-4 (10-way), mean ± std"] = \
+    out[f"Recipe 1 (new output columns), {opt1}, exact mask: test accuracy on digits 5-9 / 0-4 (10-way), "
+        f"mean ± std"] = \
         f"{pm(m1['exact'], 'acc_new', 'new_columns')} / {pm(m1['exact'], 'acc_old', 'new_columns')}"
     top = max(float(k.split("/")[2]) for k in r2["by_optimizer"])
     for key, row in r2["by_optimizer"].items():
         name, method, sparsity = key.split("/")
         if float(sparsity) == top:
-            label = (f"Recipe 2 (pruning fc1 to {pct(float(sparsity), 0)}), fine-tuned by {optimizer_name(name)} with the "
+            label = (f"Recipe 2 (pruning fc1 to {pct(float(sparsity), 0)}), fine-tuned by {optimizer_name(name)} "
+                     f"with the "
                      f"dense run's state, {_LABELS.get(method, method)}")
             out[f"{label}: pruned entries moved (of {row['pruned']:,}) / test accuracy / median step time (ms), "
                 "mean ± std over seeds"] = (
@@ -288,7 +293,8 @@ def headline(metrics: Mapping[str, Any], source: str) -> dict[str, str]:
         out["Recipe 3 (gradual unfreezing), recompile with the same optimizer per stage"] = (
             f"raised '{error}' at stage {r['raised_at_stage']} (no result)" if error else "finished")
     for variant, r in r4["methods"].items():
-        out[f"Recipe 4 (sparse fine-tuning), {_sparse_label(variant, r)}: test accuracy on 5-9 / forgetting of 0-4 (accuracy lost on 0-4, fraction) "
+        out[f"Recipe 4 (sparse fine-tuning), {_sparse_label(variant, r)}: test accuracy on 5-9 / forgetting of 0-4 "
+            f"(accuracy lost on 0-4, fraction) "
             f"(mean ± std) / entries changed (mean, of {r['total_entries']:,})"] = \
             f"{pm(r, 'acc_new', 'sparse')} / {pm(r, 'forgetting', 'sparse')} / {r['changed_mean']:,.0f}"
     for method in SUBNET_METHODS:

@@ -91,10 +91,12 @@ def unfreezing_study(config: RecipesConfig, data: MnistSplits, pretrained: Mappi
     """Gradual unfreezing on digits 5-9, top layer first, one more every ``unfreeze_every`` epochs.
 
     ``mask_schedule``: one ``fit`` with ``MaskSchedule``. ``skip_frozen``: the same with ``freezing.SkipFrozen``
-    (a layer frozen whole is not differentiated; one retrace per stage). ``recompile_fresh``: each stage compiled with its own
+    (a layer frozen whole is not differentiated; one retrace per stage). ``recompile_fresh``: each stage compiled with
+    its own
     flags and a new Adam (one compiled model per stage, its Adam reset for every seed: the same as compiling anew,
     traced once). ``recompile_same``: compile again with the same Adam (first seed only: it raises). ``trainable_flip``:
-    compile once with the first stage's flags, then flip ``trainable`` between ``fit`` calls. ``unfreezing_study(cfg, data, pre)``
+    compile once with the first stage's flags, then flip ``trainable`` between ``fit`` calls.
+    ``unfreezing_study(cfg, data, pre)``
     """
     _, (x_new, y_new) = old_new(data.x_train, data.y_train)
     _, (xt_new, yt_new) = old_new(data.x_test, data.y_test)
@@ -206,7 +208,8 @@ def stage_step_ratios(runs: pd.DataFrame, stages: int, reference: str = "recompi
 
     >>> runs = pd.DataFrame({"method": ["a", "a", "recompile_fresh", "recompile_fresh"], "seed": [0, 1, 0, 1],
     ...                      "finished": True, "step_ms_stage0": [2.0, 3.0, 2.0, 2.0]})
-    >>> stage_step_ratios(runs, 1)[["method", "stage", "ratio_median", "ratio_min", "ratio_max", "seeds"]].values.tolist()
+    >>> stage_step_ratios(runs, 1)[["method", "stage", "ratio_median", "ratio_min", "ratio_max",
+    ...                              "seeds"]].values.tolist()
     [['a', 0, 1.25, 1.0, 1.5, 2]]
     """
     done = runs[runs["finished"]].set_index(["method", "seed"])
@@ -269,7 +272,6 @@ def trainable_traps(seed: int = 0) -> pd.DataFrame:
         return m
 
     def observe(scenario: str, should: str, m: keras.Model, batch: int = 16) -> None:
-        opt = m.optimizer
         # whether the built optimizer lacks a trainable variable (the next traced step raises 'Unknown variable')
         unknown = "unknown_to_optimizer" in freezing.diagnose(m, list(m.trainable_variables)).causes
         causes = "(not asked)"  # a should train and the optimizer knows it: nothing to diagnose

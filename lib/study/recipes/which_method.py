@@ -129,7 +129,8 @@ def _prune_mask_bytes(total: Any, kernel: Any, variables: Any) -> str:
     """Recipe 2's exact-mask bytes: 1 per fc1 kernel entry, plus a one-byte mask per other variable of the CNN.
 
     >>> _prune_mask_bytes(3211271, 3211264, 8)
-    "3,211,271 bytes of masks: 1 per fc1 kernel entry (3,211,264) and a one-byte mask for each of the CNN's 7 other variables"
+    "3,211,271 bytes of masks: 1 per fc1 kernel entry (3,211,264) and a one-byte mask for each of the CNN's
+    7 other variables"
     >>> _prune_mask_bytes(3211271, None, None)
     '3,211,271 bytes of masks (fc1 kernel and the other variables)'
     """
@@ -221,11 +222,13 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
          f"{_n(recipe(r3, 'mask_schedule', 'extra_state_bytes'))} bytes in all (a scalar mask per variable)",
          "05 recipe 3; recompiling loses the state, trainable without recompile trains the wrong layers"),
         ("keep some entries of a tensor fixed, fixed mask (new output columns / embedding rows)",
-         "MaskedOptimizer(hold) + set_mask", f"bit-exact: {_n(recipe(r1, 'exact'))} of {r1.get('old_entries', '?')} old entries moved",
+         "MaskedOptimizer(hold) + set_mask",
+         f"bit-exact: {_n(recipe(r1, 'exact'))} of {r1.get('old_entries', '?')} old entries moved",
          _times({m: (recipe(r1, k, 'step_time_ms'), recipe(r1, k, 'step_time_ms_std'))
                  for m, k in (("exact", "exact"), ("gradient mask", "gradient_mask"), ("constraint", "constraint"))}),
          f"{_n(recipe(r1, 'exact', 'extra_state_bytes'))} bytes of masks",
-         f"05 recipe 1; a gradient mask under {optimizer_name(r1.get('optimizer', 'adamw'))} moved {_n(recipe(r1, 'gradient_mask', 'moved_min'))} of "
+         f"05 recipe 1; a gradient mask under {optimizer_name(r1.get('optimizer', 'adamw'))} moved "
+         f"{_n(recipe(r1, 'gradient_mask', 'moved_min'))} of "
          f"{r1.get('old_entries', '?')} (weight decay)"),
         ("the same job, another way", "a constraint that copies old values back",
          "values exact; the frozen entries' moments keep changing",
@@ -234,23 +237,27 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
          _constraint_bytes(recipe(r1, 'constraint', 'extra_state_bytes'), metrics.get("new_columns_constraint_bytes")),
          "05 recipe 1"),
         ("pruned weights stay zero while fine-tuning", "MaskedOptimizer(hold) + set_mask(fc1.kernel, keep)",
-         ("bit-exact: every pruned entry still zero in every run" if still_zero == [1.0] * len(still_zero) and still_zero
+         ("bit-exact: every pruned entry still zero in every run"
+          if still_zero == [1.0] * len(still_zero) and still_zero
           else f"{_pct(min(still_zero, default=None))} of pruned entries still zero (fewest of any optimizer's runs)"),
          _prune_times(po2),
          _prune_mask_bytes(prune('exact', 'extra_state_bytes'), metrics.get("fc1_kernel_entries"),
                            metrics.get("cnn_variables")),
-         "05 recipe 2; " + "; ".join(f"under {optimizer_name(o)} a gradient mask moved {_n(_get(r, 'gradient_mask', 'moved_min'))} "
+         "05 recipe 2; " + "; ".join(f"under {optimizer_name(o)} a gradient mask moved "
+                                     f"{_n(_get(r, 'gradient_mask', 'moved_min'))} "
                                      "or more pruned entries in every run" for o, r in po2.items())
          + " (carried-over moments)"),
         (f"fine-tune a fixed {budgets} of entries (FISH-style)",
          "MaskedOptimizer(hold, state='sparse'), masks set before build (or the dense state: any mask, any time)",
          f"exact: {_n(recipe(r4, sparse, 'outside_max'))} entries outside the selection changed; the sparse state "
          "ends with the dense state's weights bit for bit" + (
-             "" if sparse_state is None else " (checked: every seed)" if all(c["same_bits"] for c in by_fraction.values())
+             "" if sparse_state is None
+             else " (checked: every seed)" if all(c["same_bits"] for c in by_fraction.values())
              else " (NOT in every seed of this run)"),
          (f"sparse state: {sparse_times('state_variant')}; dense state: {sparse_times('dense_variant')}; "
           f"full fine-tuning: {_ms(recipe(r4, 'full', 'step_time_ms'), 2)}/step") if by_fraction else
-         f"{_ms(recipe(r4, sparse, 'step_time_ms'))}/step vs {_ms(recipe(r4, 'full', 'step_time_ms'))} full fine-tuning",
+         f"{_ms(recipe(r4, sparse, 'step_time_ms'))}/step vs {_ms(recipe(r4, 'full', 'step_time_ms'))} "
+         "full fine-tuning",
          "dense state: 1 byte of mask per entry; sparse state: optimizer state for the selection only"
          + ("" if sparse_state is None else f" ({_pct(sparse_state['sparse_state_bytes_share'])} of the dense state's "
                                             f"bytes at a {_pct(sparse_state['fraction']).replace('.0%', '%')} budget)"),
@@ -263,8 +270,8 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
          "stored; mask_fn computes each step's masks in the graph",
          f"05 recipe 5; the naive gate moved {_n(recipe(r5, 'naive_gate', 'moved_min'))} or more frozen entry-steps "
          "in every seed; 02: "
-         + (f"random masks (p = 0.5) held exactly under Adam changed {hold02:,.0f} frozen CNN entries" if hold02 is not None
-            else missing)),
+         + (f"random masks (p = 0.5) held exactly under Adam changed {hold02:,.0f} frozen CNN entries"
+            if hold02 is not None else missing)),
         ("a zero gradient / stop_gradient mask (what people do today)", "gate(x, keep), tf.where(keep, g, 0)",
          "exact only where a zero gradient gives a zero update: "
          + (f"in 01, {', '.join(kept01)} (of {n_opt} optimizers)" if kept01 else "plain SGD, Adagrad")
@@ -278,7 +285,8 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
         ("alternating steps of two networks (GAN)", "two optimizers, or var_list per step",
          "exact (0 changed entries in the frozen network)", "not compared here (03 reports each method's time)",
          "one optimizer state per network",
-         f"03: zeroed gradients under Adam moved {gan03:,.0f} generator entry-steps (entries changed, summed over the run's iterations; mean over seeds)"
+         f"03: zeroed gradients under Adam moved {gan03:,.0f} generator entry-steps (entries changed, summed over the "
+         "run's iterations; mean over seeds)"
          if gan03 is not None else missing),
         ("transform gradients between compute and apply (parameter server)",
          "freezing.gradients: one tape, transform, apply", "exact update: x_after == x_before - lr*T(g)",

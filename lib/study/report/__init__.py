@@ -7,7 +7,8 @@
 * ``provenance``: the key, files and origin of each committed result, and ``--verify``, which checks them at HEAD;
 * ``load``: how busy the machine was while a notebook ran (its timings say so);
 * ``kinds``: what each value of a ``metrics.json`` is (timing, count, sample, ...), as its study declares it;
-* ``reproduction``: how close a rerun came to the committed results, each value compared as its kind (``REPRODUCTION.md``);
+* ``reproduction``: how close a rerun came to the committed results, each value compared as its kind
+  (``REPRODUCTION.md``);
 * ``prose``: findings quoted from the run's ``metrics.json`` (Jinja templates and number filters);
 * ``html_report``, ``site``: offline HTML reports and the ``index.html`` over all studies;
 * ``reporting``: tables, figures and ``metrics.json`` as a notebook saves them.

@@ -76,9 +76,12 @@ code.study-tex { white-space: pre-wrap; }
 p.study-caption { font-size: 0.9em; color: #444; max-width: 60em; margin: 0.2em 0 1.2em 0; }
 </style>
 {%- endblock html_head_js_mathjax -%}
-{% block data_png scoped %}{{ super() | with_alt(output | get_metadata('alt', 'image/png')) }}{{ output | get_metadata('caption', 'image/png') | figure_caption }}{% endblock data_png %}
-{% block data_jpg scoped %}{{ super() | with_alt(output | get_metadata('alt', 'image/jpeg')) }}{{ output | get_metadata('caption', 'image/jpeg') | figure_caption }}{% endblock data_jpg %}
-{% block data_svg scoped %}{{ super() | with_alt(output | get_metadata('alt', 'image/svg+xml')) }}{{ output | get_metadata('caption', 'image/svg+xml') | figure_caption }}
+{% block data_png scoped %}{{ super() | with_alt(output | get_metadata('alt', 'image/png')) }}{{ output
+    | get_metadata('caption', 'image/png') | figure_caption }}{% endblock data_png %}
+{% block data_jpg scoped %}{{ super() | with_alt(output | get_metadata('alt', 'image/jpeg')) }}{{ output
+    | get_metadata('caption', 'image/jpeg') | figure_caption }}{% endblock data_jpg %}
+{% block data_svg scoped %}{{ super() | with_alt(output | get_metadata('alt', 'image/svg+xml')) }}{{ output
+    | get_metadata('caption', 'image/svg+xml') | figure_caption }}
 {%- endblock data_svg %}
 {% block data_latex scoped %}
 <div class="jp-RenderedLatex jp-OutputArea-output {{ extra_class }}" data-mime-type="text/latex">

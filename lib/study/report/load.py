@@ -122,7 +122,8 @@ def describe(load: dict[str, Any] | None) -> str:
     """One line for a report: how busy the machine was and whether that makes its timings comparable.
 
     >>> describe(summarise(100.0, 90.0, 150.0, [1.5, 2.0], 2))
-    "not idle: other processes used 30.0% of the 2 cores; load average 1.75 (max 2.00; it counts this run's own threads too); this run used 0.9 cores (90 s CPU in 100 s)"
+    "not idle: other processes used 30.0% of the 2 cores; load average 1.75 (max 2.00; it counts this run's own
+    threads too); this run used 0.9 cores (90 s CPU in 100 s)"
     >>> describe(None)
     'not recorded'
     """
@@ -143,7 +144,8 @@ def report_note(load: dict[str, Any] | None) -> str:
     """The Markdown note a report shows next to its timings."""
     line = describe(load)
     if load and load.get("idle") is False:
-        return (f"**How this run was timed: the machine was not idle** ({line.removeprefix('not idle: ')}). Its timings, and any ratio of "
+        return (f"**How this run was timed: the machine was not idle** ({line.removeprefix('not idle: ')}). "
+                "Its timings, and any ratio of "
                 "timings quoted below, were taken while other work shared the CPU: they say little about the "
                 "code; rerun on an idle machine before relying on them. Results that are not timings are unaffected.")
     return f"*How this run was timed:* {line}. Timings are wall-clock times on this machine."

@@ -1,7 +1,8 @@
 """Run every notebook with papermill, render an HTML report, and record a manifest: ``python -m study.report``.
 
 ``python -m study.report --verify`` runs nothing and checks the committed results against the working tree
-(``study.report.provenance``). ``python -m study.report --profile full --out results`` executes ``notebooks/NN_topic.ipynb`` with
+(``study.report.provenance``). ``python -m study.report --profile full --out results`` executes
+``notebooks/NN_topic.ipynb`` with
 ``notebooks/params/NN_topic.full.yaml``, in a staging folder. Only a notebook that finished is moved into
 ``results/NN_topic/`` (executed notebook, HTML report with inputs hidden, the figures, tables and metrics.json it
 wrote), and ``results/manifest.json`` records its git commit (and whether the working tree differed from it),
@@ -69,7 +70,8 @@ def notebooks(only: list[str] | None = None, folder: Path = DEFAULT_NOTEBOOKS) -
     """The notebooks to run, in order. ``notebooks(["01_adam_drift"])``"""
     folder = Path(folder).resolve()
     if not folder.is_dir():
-        raise PipelineError(f"--notebooks: {folder} is not a folder; run from the repository root or pass --notebooks DIR")
+        raise PipelineError(f"--notebooks: {folder} is not a folder; run from the repository root or pass "
+                            "--notebooks DIR")
     found = sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
     if not only:
         return found
@@ -81,7 +83,8 @@ def notebooks(only: list[str] | None = None, folder: Path = DEFAULT_NOTEBOOKS) -
 
 
 def load_parameters(notebook: Path, profile: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Read ``notebooks/params/<name>.<profile>.yaml`` (+ overrides) and check names against the notebook's. ``load_parameters(nb, "smoke")``"""
+    """Read ``notebooks/params/<name>.<profile>.yaml`` (+ overrides) and
+    check names against the notebook's. ``load_parameters(nb, "smoke")``"""
     import papermill
 
     path = notebook.parent / "params" / f"{notebook.stem}.{profile}.yaml"
@@ -105,7 +108,8 @@ def load_parameters(notebook: Path, profile: str, overrides: dict[str, Any] | No
 
 
 def declared_reads(notebook: Path) -> list[str]:
-    """``cache.reads``: the results files a notebook declares it reads; a malformed declaration is a ``PipelineError``."""
+    """``cache.reads``: the results files a notebook declares it
+    reads; a malformed declaration is a ``PipelineError``."""
     try:
         return cache.reads(notebook)
     except ValueError as e:
@@ -116,7 +120,8 @@ def git_state(out: Path, source: Path) -> dict[str, Any]:
     """HEAD of the repository holding ``source``, and whether its working tree differs from it (``dirty``).
 
     Every path of the repository counts (``lib/``, ``requirements.txt``, the ``Makefile``, a new untracked file),
-    except the results folder ``out`` itself, which the run is writing. ``git_state(Path("results"), Path("notebooks"))``
+    except the results folder ``out`` itself, which the run is writing.
+    ``git_state(Path("results"), Path("notebooks"))``
     """
 
     def git(*args: str, cwd: Path = source) -> str:
@@ -134,7 +139,8 @@ def git_state(out: Path, source: Path) -> dict[str, Any]:
 
 
 def check_findings(executed: Path) -> None:
-    """Refuse an executed notebook that shows a finding without its numbers, or raw template syntax (``prose.unfilled``)."""
+    """Refuse an executed notebook that shows a finding without
+    its numbers, or raw template syntax (``prose.unfilled``)."""
     import nbformat
 
     problems = unfilled(nbformat.read(executed, as_version=4))
@@ -158,7 +164,8 @@ def render_html(executed: Path, html: Path, note: str | None = None) -> Any:
 def run_notebook(notebook: Path, profile: str, out: Path, timeout_s: int,
                  overrides: dict[str, Any] | None = None,
                  record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Execute one notebook into ``out/<name>/``; returns its manifest entry. ``run_notebook(nb, "smoke", Path("build"), 600)``
+    """Execute one notebook into ``out/<name>/``; returns its manifest entry.
+    ``run_notebook(nb, "smoke", Path("build"), 600)``
 
     Nothing under ``out`` outside ``out/.staging`` changes until the notebook and its report are complete. Then
     the folder is swapped into ``out/<name>`` and ``record(entry)`` (the manifest, the pages, this machine's
@@ -238,7 +245,8 @@ def machine() -> dict[str, Any]:
 
 
 def update_manifest(out: Path, name: str, entry: dict[str, Any]) -> Path:
-    """Record one notebook's run in ``out/manifest.json``, keeping the others. ``update_manifest(out, "01_adam_drift", e)``"""
+    """Record one notebook's run in ``out/manifest.json``, keeping
+    the others. ``update_manifest(out, "01_adam_drift", e)``"""
     path = out / "manifest.json"
     manifest = json.loads(path.read_text()) if path.is_file() else {}
     manifest[name] = entry

@@ -308,10 +308,11 @@ def fill(source: str, metrics: Mapping[str, Any], where: str = "a finding") -> s
 
     >>> fill("drift {{ metrics.d | sci }} in {{ metrics.n }} steps", {"d": 7.12e-7, "n": 40})
     'drift 7.1e-7 in 40 steps'
-    >>> fill("{{ metrics.missing }}", {"d": 1})
+    >>> fill("{{ metrics.missing }}", {"d": 1})  # doctest: +NORMALIZE_WHITESPACE
     Traceback (most recent call last):
     ...
-    study.report.prose.ProseError: a finding: 'dict object' has no attribute 'missing' (in {{ metrics.missing }}); metrics has: d
+    study.report.prose.ProseError: a finding: 'dict object' has no attribute 'missing' (in {{ metrics.missing }});
+    metrics has: d
     """
     env = environment()
     try:

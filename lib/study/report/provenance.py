@@ -103,8 +103,8 @@ MANIFEST_FIELDS: dict[str, str] = {
     "reproduction.timings.min_ratio": "the smallest ratio.",
     "reproduction.timings.max_ratio": "the largest ratio.",
     "reproduction.timing_verdicts": "values drawn from timings (yes/no verdicts, a side of 1, a precision chosen from "
-                                    "a timing's spread): `values`, how many; `changed`, how many changed; `which`, those "
-                                    "that changed.",
+                                    "a timing's spread): `values`, how many; `changed`, how many changed; `which`, "
+                                    "those that changed.",
     "reproduction.timing_verdicts.values": "how many.",
     "reproduction.timing_verdicts.changed": "how many changed.",
     "reproduction.timing_verdicts.which": "each value that changed: its path, the committed and the rerun value.",
@@ -204,7 +204,8 @@ def verify(out: Path, notebooks: Path) -> list[str]:
         old = recorded["covers"]
         changed = sorted(k for k in set(old) | set(now) if old.get(k) != now.get(k))
         if changed:
-            problems.append(f"{name}: its result was made from other inputs than this working tree's; changed: {', '.join(changed)}")
+            problems.append(f"{name}: its result was made from other inputs than this working tree's; "
+                            f"changed: {', '.join(changed)}")
         files = entry.get("files")
         folder = out / name
         if isinstance(files, dict):

@@ -73,7 +73,8 @@ def _identical(a: Any, b: Any) -> bool:
     fa, fb = _float(a), _float(b)
     if fa is not None and fb is not None:
         return (math.isnan(fa) and math.isnan(fb)) or fa == fb
-    if (a is None and fb is not None and not math.isfinite(fb)) or (b is None and fa is not None and not math.isfinite(fa)):
+    if ((a is None and fb is not None and not math.isfinite(fb))
+            or (b is None and fa is not None and not math.isfinite(fa))):
         return True
     return type(a) is type(b) and a == b
 
@@ -210,7 +211,8 @@ def verdict(rep: Mapping[str, Any]) -> str:
     committed run's, the verdict ends with it (``OTHER_MACHINE``).
 
     >>> verdict({"differ": 2, "baseline": {"differs": ["onednn_in_build: false → true"]}})
-    '2 values differ; other machine or versions than the committed run (onednn_in_build: false → true): bits not expected to match, only the findings'
+    '2 values differ; other machine or versions than the committed run (onednn_in_build: false → true): bits not
+    expected to match, only the findings'
     """
     parts = []
     if rep.get("differ"):
@@ -429,9 +431,9 @@ LEGEND = (
                         "passed all of them."),
     ("timings, rerun / committed", "each timing and ratio of timings of the rerun divided by the committed one: "
                                    "the median and range over them, and how many there were; 1.00 is the same "
-                                   "speed, below 1 the rerun was faster. Where values drawn from timings changed (a yes/no "
-                                   "verdict, a side of 1, a precision chosen from a timing's spread), how many; the "
-                                   "list under the table names them."),
+                                   "speed, below 1 the rerun was faster. Where values drawn from timings changed "
+                                   "(a yes/no verdict, a side of 1, a precision chosen from a timing's spread), how "
+                                   "many; the list under the table names them."),
     ("load while it ran", "how busy the machine was while the rerun was timed (`study.report.load`): "
                           "\"idle\" when other processes used at most 10% of the machine's cores (`IDLE_SHARE`); "
                           "the 1-minute load average (it counts the run's own threads too); the cores the run "
@@ -506,7 +508,8 @@ def write_report(out: Path) -> Path | None:
         if v.get("changed"):
             timing += f"; {v['changed']} of {v['values']} values drawn from timings changed (named below)"
         source = str(rep["compared_with"])  # "HEAD <commit>:<path>": the commit is this row's own, named beside it
-        source = f"`{source.split(':', 1)[1]}` as committed" if source.startswith("HEAD ") and ":" in source else f"`{source}`"
+        source = (f"`{source.split(':', 1)[1]}` as committed" if source.startswith("HEAD ") and ":" in source
+                  else f"`{source}`")
         compared = f"the run {baseline_line(base or None, entry.get('machine'))} (read from {source})"
         lines.append(f"| {name} | {when} | {host} | {compared} | {verdict(rep)} | {rep['values']} | "
                      f"{rep['identical']} | {rep['within']} | {rep['differ']} | {passed} | {timing} | {load} |")
