@@ -11,7 +11,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONHASHSEED ?= 0
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test test-slow test-oldest test-downpour test-downpour-oldest test-gpu ci smoke reproduce verify bench lab clean distclean
+.PHONY: help venv test lint test-slow test-oldest test-downpour test-downpour-oldest test-gpu ci smoke reproduce verify bench lab clean distclean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -27,8 +27,12 @@ $(STAMP): requirements.txt requirements-keras-hub.txt pyproject.toml lib/pyproje
 
 venv: $(STAMP) ## Create .venv and install the pinned requirements (done by the targets below)
 
-test: $(STAMP) ## Run the tests (unit, property, doctests, Keras' optimizer tests, a notebook through papermill, the READMEs' and docs/' code blocks); under 10 min
+test: $(STAMP) ## Lint (ruff), then the tests (unit, property, doctests, Keras' optimizer tests, a notebook through papermill, the READMEs' and docs/' code blocks); under 10 min
+	$(PY) -m ruff check .
 	$(PY) -m pytest -m "not slow"
+
+lint: $(STAMP) ## Only the linter make test runs first (ruff: unused names, line length 120, import order; pyproject.toml)
+	$(PY) -m ruff check .
 
 test-slow: $(STAMP) ## Run the long checks CI adds after `make test` (every notebook on smoke parameters, clusters, sweeps)
 	$(PY) -m pytest -m slow

@@ -43,8 +43,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "lib"))
 
-from downpour.local import LocalCluster  # noqa: E402
 from downpour import DownpourConfig, run_downpour  # noqa: E402
+from downpour.local import LocalCluster  # noqa: E402
 
 BASE = DownpourConfig(model="study.models:deep_mnist_cnn", n_fetch=4, n_push=4, steps_per_function=8, batch=50,
                       learning_rate=0.001, optimizer="adam", ps=2, data="downpour.data:idx")

@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(json.dumps(chief(args.chief, args.steps, args.functions)))
         sys.stdout.flush()
         os._exit(0)
-    from downpour.local import LocalCluster
     from downpour.launcher import cpu_seconds
+    from downpour.local import LocalCluster
 
     results = []
     limited = args.threads > 0

@@ -23,8 +23,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-
 from bench_masked_fit import random_keep  # noqa: E402
+
 from freezing import MaskedOptimizer  # noqa: E402
 from study.models import deep_mnist_cnn  # noqa: E402
 

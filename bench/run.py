@@ -32,9 +32,11 @@ import bench_masked_fit  # noqa: E402
 import bench_masked_step  # noqa: E402
 import bench_ps  # noqa: E402
 import bench_sparse_embedding  # noqa: E402
+
 from study.report import cache  # noqa: E402
 from study.report.load import Load, describe  # noqa: E402
 from study.report.prose import ceil, floor  # noqa: E402
+
 
 def _mirrored() -> dict:
     """bench_masked_mirrored in a child process (its logical devices must precede TensorFlow's start)."""

@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 
 from study import cnn
-from study.report import reporting
 from study.models import deep_mnist_cnn
+from study.report import reporting
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -274,8 +274,8 @@ def test_a_count_range_shows_one_number_where_every_seed_agrees():
 
 @pytest.mark.slow  # pretrains and fine-tunes the 3.3M-parameter CNN twice (a minute or more on 2 cores)
 def test_masked_skip_fine_tunes_as_recompiling_with_trainable_false_does_and_keeps_every_conv_bit():
-    from study.data import load_mnist  # the bundled digits: offline
     from study.cnn.finetune import finetune_study
+    from study.data import load_mnist  # the bundled digits: offline
     config = cnn.CnnStudyConfig(seeds=[0], finetune_optimizers=["adam"], pretrain_steps=3, finetune_steps=3,
                                 eval_samples=20, finetune_methods=["trainable_recompile", "masked_skip"])
     data = load_mnist(train_limit=400)

@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 import tensorflow as tf
 
+from study.data import load_mnist
 from study.gradients import fetch, staleness
 from study.gradients.config import GradientStudyConfig
-from study.data import load_mnist
 
 
 @pytest.fixture(scope="module")

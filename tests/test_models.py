@@ -1,10 +1,9 @@
 """The Deep MNIST CNN: pinned parameter count and scope-selectable layer names (flax-style smoke test)."""
 
 import numpy as np
-
-from freezing import select_variables, variable_path
 import tensorflow as tf
 
+from freezing import select_variables, variable_path
 from study.models import DEEP_MNIST_PARAMETERS, deep_mnist_cnn, training_flops_per_sample
 
 

@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import io
 import json
-import os
 import time
 from pathlib import Path
 
@@ -20,13 +19,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from study.gradients.ps_data import write_study_mnist
-from study.models import DEEP_MNIST_PARAMETERS
-from downpour import DownpourConfig, Faults, PsVariables, build_model, run_chief, run_downpour
-from downpour import faults
-from downpour.examples import tabular as tabular_example, tokens as tokens_example
+from downpour import DownpourConfig, Faults, PsVariables, build_model, faults, run_chief, run_downpour
+from downpour.examples import tabular as tabular_example
+from downpour.examples import tokens as tokens_example
 from downpour.faults import EXIT_UNREACHABLE
 from downpour.local import LocalCluster, free_ports
+from study.gradients.ps_data import write_study_mnist
+from study.models import DEEP_MNIST_PARAMETERS
 
 MLP = "downpour.examples:mnist_mlp"
 

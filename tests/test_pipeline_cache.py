@@ -8,13 +8,12 @@ touched, the first notebook changed, ``--force``). ``git_state`` and ``reproduct
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import nbformat
+from gitrepo import committed_repo, git
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from gitrepo import committed_repo, git
 from study.report import cache, pipeline, reproduction
 from study.report.records import Records
 

@@ -27,9 +27,9 @@ import psutil  # noqa: E402
 import pytest  # noqa: E402
 from bs4 import BeautifulSoup  # noqa: E402
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output  # noqa: E402
+from test_reruns import differences, leaves, without_timings  # noqa: E402
 
 from study.report import execution, html_report, pipeline, reporting, site, summary  # noqa: E402
-from test_reruns import differences, leaves, without_timings  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_1x1 = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_pipeline_cache import _tiny
 
 from study.report import pipeline, provenance
-from test_pipeline_cache import _tiny
 
 REPO = Path(__file__).resolve().parents[1]
 

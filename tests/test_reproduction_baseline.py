@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from gitrepo import committed_repo, git
+
 from study.report import provenance, reproduction
 
 REPO = Path(__file__).resolve().parents[1]

@@ -2,8 +2,8 @@
 
 import pytest
 
-from study.optimizers import make_optimizer
 from study.drift.adam_drift import AdamDriftConfig
+from study.optimizers import make_optimizer
 from study.validation import check_choice, check_int_list, check_positive_int, check_range
 
 

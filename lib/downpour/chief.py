@@ -23,8 +23,8 @@ import numpy as np
 
 from downpour import faults
 from downpour.checkpoints import CheckpointStore, ResumeRefused
-from downpour.jsonio import write_json_atomic
 from downpour.config import DownpourConfig, optimizer_label
+from downpour.jsonio import write_json_atomic
 from downpour.result import DownpourResult, frozen_report
 from downpour.variables import PsVariables, ps_devices, short_device
 

@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from downpour.config import DownpourConfig
 from downpour.faults import EXIT_PS_LOST
 from downpour.jsonio import read_json
-from downpour.config import DownpourConfig
 from downpour.local import LocalCluster
 from downpour.result import DownpourResult
 

@@ -198,8 +198,8 @@ class PsOptimizer:
     def _downpour(self, k: int, piece: Any) -> Any:
         import tensorflow as tf
 
-        from freezing import gradients
         from downpour import sparse as sp
+        from freezing import gradients
 
         shard, lr = self.flat[k], self.config.learning_rate
         with tf.device(shard.device):  # the update runs on the ps that holds the shard

@@ -46,6 +46,7 @@ if keras.backend.backend() != "tensorflow":  # pragma: no cover - depends on the
         "KERAS_BACKEND=tensorflow before importing keras"
     )
 
+from freezing._wrappers import unwrap, wrapper_chain
 from freezing.audit import FreezeAudit
 from freezing.determinism import enable_determinism
 from freezing.diagnose import CAUSES, Cause, Diagnosis, diagnose
@@ -53,11 +54,10 @@ from freezing.gates import gate
 from freezing.loading import load_model
 from freezing.masked_optimizer import NORMS, POLICIES, STATES, MaskedOptimizer
 from freezing.schedule import MaskSchedule
-from freezing.skipping import SkipFrozen, variables_to_differentiate
 from freezing.selection import select_variables, variable_path
-from freezing.stalls import STALL_CAUSES, StallWatch, find_stalls, trainable_changes
+from freezing.skipping import SkipFrozen, variables_to_differentiate
 from freezing.slots import SlotStash, reset_slots, restore_slots, slot_initial_value, slots, stash_slots
-from freezing._wrappers import unwrap, wrapper_chain
+from freezing.stalls import STALL_CAUSES, StallWatch, find_stalls, trainable_changes
 
 try:
     __version__ = version("freezing")

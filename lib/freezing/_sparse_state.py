@@ -51,6 +51,7 @@ import tensorflow as tf
 from freezing._keras_api import in_xla, index, key, tf_variable, trainable_variables
 from freezing.selection import variable_path
 
+
 class _Entry:
     __slots__ = ("variable", "index", "values", "size")
 

@@ -79,11 +79,10 @@ import numpy as np
 import tensorflow as tf
 
 from freezing import _keras_api as api
-from freezing import _masks
+from freezing import _masks, _restore
 from freezing._masks import FROZEN, UNMASKED
-from freezing.selection import variable_path
-from freezing import _restore
 from freezing._tuning import WriteTuning
+from freezing.selection import variable_path
 
 ELEMENTWISE = (
     keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.AdamW, keras.optimizers.Adamax,

@@ -140,8 +140,8 @@ class FreezeAudit:
 
     def _stored_frozen(self) -> list[np.ndarray]:
         """What the ``MaskedOptimizer``'s stored masks freeze, one array per variable (``step()`` with no masks)."""
-        from freezing.masked_optimizer import MaskedOptimizer  # masked_optimizer imports this module's neighbours
         from freezing._wrappers import wrapper_chain
+        from freezing.masked_optimizer import MaskedOptimizer  # masked_optimizer imports this module's neighbours
 
         masked = next((o for o in wrapper_chain(self.optimizer) if isinstance(o, MaskedOptimizer)), None) \
             if self.optimizer is not None else None

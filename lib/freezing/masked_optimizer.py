@@ -68,14 +68,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from freezing import _distribute, _foreign, _keras_api, _masks
+from freezing import _distribute, _foreign, _keras_api, _masks, _write_path
 from freezing._mask_api import MaskAccess
-from freezing._sparse_state import SparseState
 from freezing._saving import SavedState
 from freezing._sizes import StateSizes
+from freezing._sparse_state import SparseState
 from freezing._surface import InnerSurface
 from freezing._wrappers import wrapper_chain
-from freezing import _write_path
 from freezing._write_path import ELEMENTWISE, Guards, WritePath, entries_for, install, reset_frozen_slots
 from freezing.selection import variable_path
 from freezing.slots import slot_initial_value, slots

@@ -17,11 +17,11 @@ the code runs; what they say about placement is then trivial).
 
 import os
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import keras
 from freezing import MaskedOptimizer, slots, variable_path
 from freezing.audit import changed_bits
 

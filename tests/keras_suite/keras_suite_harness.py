@@ -37,13 +37,14 @@ import contextlib
 import dataclasses
 import importlib
 import os
-import tomllib
 import types
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
+
+import tomllib
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 

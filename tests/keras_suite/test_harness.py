@@ -6,11 +6,10 @@ import contextlib
 from unittest import mock
 
 import keras
+import keras_suite_harness as harness
 import numpy as np
 import pytest
 import tensorflow as tf
-
-import keras_suite_harness as harness
 
 pytestmark = pytest.mark.skipif(not harness.import_keras_tests()[0],
                                 reason=f"Keras {keras.__version__}'s wheel ships no optimizer tests: the harness has "

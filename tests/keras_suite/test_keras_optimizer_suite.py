@@ -19,9 +19,8 @@ from typing import Any
 from unittest import mock
 
 import keras
-import pytest
-
 import keras_suite_harness as harness
+import pytest
 
 if keras.backend.backend() != "tensorflow":
     pytest.skip("the Keras optimizer suite runs on the TensorFlow backend", allow_module_level=True)

@@ -3,13 +3,12 @@
 import warnings
 
 import keras
+import keras_features
 import numpy as np
 import pytest
 
 import freezing.masked_optimizer as masked_module
 from freezing.diagnose import CAUSES, FIXES, Cause, Diagnosis, diagnose
-
-import keras_features
 
 X = np.random.RandomState(0).randn(16, 3).astype("float32")
 Y = np.random.RandomState(1).randn(16, 1).astype("float32")

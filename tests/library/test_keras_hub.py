@@ -9,12 +9,11 @@ gives them back with the task's default optimizer; ``freezing.load_model`` resto
 import importlib.metadata
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from packaging.version import Version
-
-import keras
 
 if Version(keras.__version__) < Version("3.15"):
     pytest.skip("keras-hub 0.32 needs Keras >= 3.15; not installed on the oldest pair", allow_module_level=True)

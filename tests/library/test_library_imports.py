@@ -142,8 +142,9 @@ def test_no_freezing_module_imports_itself_round_a_circle():
 
 def test_the_package_ships_its_type_marker():
     """PEP 561: ``py.typed`` sits in the package and the wheel ships it (setuptools' package data)."""
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     import freezing
 

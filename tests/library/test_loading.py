@@ -4,10 +4,10 @@ not.
 No keras-hub here, so these run on the oldest Keras too; tests/library/test_keras_hub.py runs the tasks themselves.
 """
 
+import keras
 import numpy as np
 import pytest
 
-import keras
 import freezing
 from freezing import MaskedOptimizer
 from freezing.audit import changed_bits

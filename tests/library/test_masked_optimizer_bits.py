@@ -8,15 +8,13 @@ entries of variables and of optimizer slots, and compare bit patterns (``view(ui
 from __future__ import annotations
 
 import keras
+import keras_features
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from freezing import MaskedOptimizer, slots
-from freezing import _keras_api
+from freezing import MaskedOptimizer, _keras_api, slots
 from freezing._write_path import ELEMENTWISE
-
-import keras_features
 
 SPECIAL = np.array([1e-40, -1e-39, -0.0, np.inf, -np.inf, np.nan, 3.0, -2.0], np.float32)
 KEEP = np.array([0, 0, 0, 0, 0, 0, 1, 1], bool)  # the special values frozen, two normal entries trainable

@@ -5,15 +5,14 @@ name, makes a traced step raise; an eager step keeps the frozen bits anyway (sna
 
 from __future__ import annotations
 
+import keras
+import keras_features
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import keras
 from freezing import MaskedOptimizer, _keras_api, slots
 from freezing.audit import changed_bits
-
-import keras_features
 
 SHAPE = (6, 5)
 KEEP = np.random.default_rng(0).random(SHAPE) < 0.5

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-
 pytestmark = pytest.mark.slow  # two child processes, a minute or more: make test-slow and make test-oldest run these
 
 CHILD = Path(__file__).with_name("distribute_child.py")

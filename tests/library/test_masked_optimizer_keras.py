@@ -1,14 +1,13 @@
 """MaskedOptimizer as a Keras 3 optimizer: compile/fit, masks as state, round trips, every Keras option."""
 
+import keras
+import keras_features
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import keras
 from freezing import MaskedOptimizer, MaskSchedule, slots
 from freezing.audit import changed_bits
-
-import keras_features
 
 
 def _model(constraint=None, seed=0):

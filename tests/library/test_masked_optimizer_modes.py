@@ -7,14 +7,13 @@ write path to show which path ran, and check bits against a plain Keras optimize
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import keras
-from freezing import MaskedOptimizer, slots
+from freezing import MaskedOptimizer, _masks, _write_path, slots
 from freezing._tuning import WriteTuning
-from freezing import _masks, _write_path
 from freezing.audit import changed_bits
 
 

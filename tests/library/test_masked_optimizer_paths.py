@@ -4,19 +4,18 @@ Masks are random and change at every step; the claim checked is always the same:
 variable, nor of any slot shaped like it (moments, EMA averages, gradient accumulators), changes a bit.
 """
 
+import keras
+import keras_features
 import numpy as np
 import pytest
 import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes
-
-import keras
-from freezing import MaskedOptimizer, slots
-from freezing.audit import changed_bits
 from optimizer_zoo import OPTIMIZERS, make_optimizer
 
-import keras_features
+from freezing import MaskedOptimizer, slots
+from freezing.audit import changed_bits
 
 EVERY = {**{name: (lambda lr, n=name: make_optimizer(n, lr)) for name in OPTIMIZERS},
          "adafactor": lambda lr: keras.optimizers.Adafactor(lr)}

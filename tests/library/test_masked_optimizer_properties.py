@@ -9,9 +9,9 @@ import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes
+from optimizer_zoo import OPTIMIZERS, make_optimizer
 
 from freezing import FreezeAudit, MaskedOptimizer, slot_initial_value, slots
-from optimizer_zoo import OPTIMIZERS, make_optimizer
 
 MASK_KINDS = ("random", "all0", "all1", "scalar0", "scalar1")
 PROPERTY = settings(max_examples=12, deadline=None, derandomize=True,

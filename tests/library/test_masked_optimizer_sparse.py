@@ -7,13 +7,13 @@ entries never change; the selection is fixed; .keras save/load, checkpoints and 
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-
-import keras
-from freezing import MaskedOptimizer, diagnose, slots
 from optimizer_zoo import OPTIMIZERS, make_optimizer
+
+from freezing import MaskedOptimizer, diagnose, slots
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(48, 8)).astype("float32")

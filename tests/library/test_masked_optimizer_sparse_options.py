@@ -7,11 +7,11 @@ result would differ is refused when the optimizer is built.
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import keras
 from freezing import MaskedOptimizer
 
 RNG = np.random.default_rng(0)

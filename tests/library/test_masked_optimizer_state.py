@@ -6,11 +6,11 @@ variables and masks the same way.
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import keras
 from freezing import MaskedOptimizer
 
 KEEP = [True, False, True, False]

@@ -7,13 +7,12 @@ through the wrapper found it).
 from __future__ import annotations
 
 import keras
+import keras_features
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from freezing import MaskedOptimizer, slots
-
-import keras_features
 
 
 def _model(seed=0):

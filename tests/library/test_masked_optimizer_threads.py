@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import threading
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import keras
 from freezing import MaskedOptimizer
 from freezing.audit import changed_bits
 

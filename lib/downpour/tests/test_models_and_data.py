@@ -7,16 +7,12 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import downpour
 from downpour import KERAS_OPTIMIZERS, DownpourConfig, PsVariables, build_model, faults
-
-
 
 # -- sparse gradients, several inputs, data against the model --------------------------------------------------
 
@@ -42,7 +38,6 @@ def test_every_optimizer_applies_an_embedding_s_indexed_slices_on_the_ps_as_kera
     assert moved[[1, 5]].all()
     if optimizer not in ("sgd", "adagrad"):  # Keras' own update, on the same gradient, in a graph as on the ps
         from downpour.optimizer import keras_optimizer
-
         from downpour.sparse import dedupe
 
         reference = [tf.Variable(b, name=f"reference_{i}") for i, b in enumerate(before)]
@@ -91,10 +86,9 @@ def test_sparse_pieces_split_over_shards_give_what_the_dense_gradient_gives():
 
 @pytest.mark.slow  # over 4 s: make test-slow (CI)
 def test_a_two_input_model_with_an_embedding_trains_in_the_local_loop_with_sparse_pushes(tmp_path, monkeypatch):
-    from downpour.worker import gradient_kinds, worker_function
     from downpour.data import element_spec, train_dataset
-
     from downpour.examples.tokens.data import write
+    from downpour.worker import gradient_kinds, worker_function
 
     folder = write(tmp_path, workers=1, per_worker=200, test=40)
     for sparse_push in (True, False):
@@ -141,10 +135,9 @@ def test_a_table_whose_ids_the_model_computes_or_that_two_lookups_share_is_fetch
 def test_an_embedding_is_fetched_as_the_rows_the_next_batches_look_up_and_trains_bit_for_bit_as_fetched_whole(
         tmp_path, monkeypatch):
     from downpour.data import element_spec, train_dataset
+    from downpour.examples.tokens.data import write
     from downpour.model import row_inputs
     from downpour.worker import gradient_kinds, worker_function
-
-    from downpour.examples.tokens.data import write
 
     folder = write(tmp_path, workers=1, per_worker=200, test=40)
     runs = {}

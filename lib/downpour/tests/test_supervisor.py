@@ -31,7 +31,6 @@ from downpour.cluster import reachable
 from downpour.examples import tabular
 
 
-
 @pytest.mark.parametrize("args, message", [
     (["--job", "/nowhere/job.json"], "downpour: --job: '/nowhere/job.json' is neither a JSON object nor a file"),
     (["--job", '{"steps": 8}', "--workers", "0"], "downpour: workers: expected an integer >= 1"),

@@ -22,17 +22,44 @@ The code lives in ``setup`` (parameters, run start), ``finetune`` (1), ``masks``
 four, so ``from study import cnn; cnn.mask_study(...)`` is the face notebook 02 uses, with ``study.cnn.plots``.
 """
 
-from study.cnn.setup import (  # noqa: F401
-    FINETUNE_METHODS, EXACT_FINETUNE_METHODS, MASK_METHODS, BLOCKS, DEFAULT_LEARNING_RATES, CnnStudyConfig,
-    ONE_STEP_COLUMNS, one_step_audit,
-)
-from study.cnn.finetune import FINETUNE_RUN_COLUMNS, finetune_study, TRAP_COLUMNS, keras_trainable_traps  # noqa: F401
+from study.cnn.finetune import FINETUNE_RUN_COLUMNS, TRAP_COLUMNS, finetune_study, keras_trainable_traps  # noqa: F401
 from study.cnn.masks import (  # noqa: F401
-    STEP_COLUMNS, _masked_step, random_masks, block_masks, run_keys, mask_study, block_study,
+    STEP_COLUMNS,
+    _masked_step,
+    block_masks,
+    block_study,
+    mask_study,
+    random_masks,
+    run_keys,
+)
+from study.cnn.setup import (  # noqa: F401
+    BLOCKS,
+    DEFAULT_LEARNING_RATES,
+    EXACT_FINETUNE_METHODS,
+    FINETUNE_METHODS,
+    MASK_METHODS,
+    ONE_STEP_COLUMNS,
+    CnnStudyConfig,
+    one_step_audit,
 )
 from study.cnn.tables import (  # noqa: F401
-    FINETUNE_SUMMARY_COLUMNS, finetune_summary, MASKED_SUMMARY_COLUMNS, masked_runs, masked_summary, formatted,
-    config_table, workload, HOLD_VS_RESET_COLUMNS, hold_vs_reset, hold_vs_reset_display, NAIVE_VS_EXACT_COLUMNS,
-    naive_vs_exact, naive_vs_exact_display, headline, METRIC_KINDS, time_ratios, step_times,
+    FINETUNE_SUMMARY_COLUMNS,
+    HOLD_VS_RESET_COLUMNS,
+    MASKED_SUMMARY_COLUMNS,
+    METRIC_KINDS,
+    NAIVE_VS_EXACT_COLUMNS,
+    config_table,
+    finetune_summary,
+    formatted,
+    headline,
+    hold_vs_reset,
+    hold_vs_reset_display,
+    masked_runs,
+    masked_summary,
+    naive_vs_exact,
+    naive_vs_exact_display,
+    step_times,
+    time_ratios,
+    workload,
 )
 from study.report.reporting import display_table, format_count  # noqa: F401

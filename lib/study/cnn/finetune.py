@@ -17,12 +17,11 @@ from freezing.determinism import enable_determinism
 from freezing.masked_optimizer import MaskedOptimizer
 from freezing.selection import select_variables
 from freezing.skipping import SkipFrozen
+from study.cnn.setup import CnnStudyConfig, _batches, _init_weights, _start_run
 from study.data import MnistSplits
 from study.models import deep_mnist_cnn
 from study.optimizers import make_optimizer
 from study.training import LOSS, StepTimer, accuracy, batch_indices, forward, median_ms, restore, snapshot
-from study.cnn.setup import CnnStudyConfig, _batches, _init_weights, _start_run
-
 
 # -- 1. fine-tuning with frozen feature layers -----------------------------------------------------
 FINETUNE_RUN_COLUMNS = {

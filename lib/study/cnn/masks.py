@@ -15,12 +15,11 @@ import tensorflow as tf
 from freezing.audit import frozen_change
 from freezing.masked_optimizer import MaskedOptimizer
 from freezing.selection import variable_path
+from study.cnn.setup import _POLICY, BLOCKS, CnnStudyConfig, _init_weights, _start_run
 from study.data import MnistSplits
 from study.models import deep_mnist_cnn
 from study.optimizers import make_optimizer
 from study.training import LOSS, accuracy, batch_indices, restore, snapshot
-from study.cnn.setup import _POLICY, BLOCKS, CnnStudyConfig, _init_weights, _start_run
-
 
 # -- 2 and 3. masks that change every step -----------------------------------------------------------
 STEP_COLUMNS = {

@@ -12,12 +12,11 @@ import numpy as np
 import tensorflow as tf
 
 from freezing.determinism import enable_determinism
-from study.validation import check_choices, check_int_list, check_positive_int, check_range
 from study.data import ACCEPTED_FORMS
 from study.models import deep_mnist_cnn
 from study.optimizers import OPTIMIZERS
 from study.training import batch_indices, reseed
-
+from study.validation import check_choices, check_int_list, check_positive_int, check_range
 
 FINETUNE_METHODS = ("var_list", "trainable_recompile", "trainable_no_recompile", "gate", "masked_hold", "masked_skip")
 EXACT_FINETUNE_METHODS = ("var_list", "trainable_recompile", "masked_hold", "masked_skip")

@@ -8,12 +8,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from study.report.prose import pm, signed
-from study.report.reporting import column_decimals, common_decimals, count_range, format_count, format_mean_std
 from study.cnn.finetune import FINETUNE_RUN_COLUMNS
 from study.cnn.masks import STEP_COLUMNS, run_keys
 from study.cnn.setup import CnnStudyConfig  # noqa: F401
-
+from study.report.prose import pm, signed
+from study.report.reporting import column_decimals, common_decimals, count_range, format_count, format_mean_std
 
 # -- summaries ----------------------------------------------------------------------------------------
 FINETUNE_SUMMARY_COLUMNS = {

@@ -22,14 +22,14 @@ import pandas as pd
 import tensorflow as tf
 
 from freezing.audit import FreezeAudit
+from freezing.determinism import enable_determinism
 from freezing.gates import gate
 from freezing.masked_optimizer import MaskedOptimizer
-from freezing.determinism import enable_determinism
+from freezing.slots import SlotStash, reset_slots, restore_slots, slots, stash_slots
 from study.optimizers import OPTIMIZERS, make_optimizer
 from study.processes import map_in_processes
 from study.report.prose import ceil, num, pm
 from study.report.reporting import format_count
-from freezing.slots import SlotStash, reset_slots, restore_slots, slots, stash_slots
 from study.validation import check_choice, check_choices, check_int_list, check_positive_int, check_range
 
 SEED2_X = (1.0, 2.0, 3.0, 4.0)

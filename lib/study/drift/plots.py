@@ -11,7 +11,6 @@ import pandas as pd
 from matplotlib.colors import ListedColormap, LogNorm
 from matplotlib.ticker import MaxNLocator
 
-
 FAMILY_COLOURS = {"naive": "tab:red", "reset_slots": "tab:blue", "reset": "tab:blue",
                   "stash_restore": "tab:green", "hold": "tab:green"}
 

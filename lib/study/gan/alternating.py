@@ -42,12 +42,12 @@ import tensorflow as tf
 
 from freezing.audit import frozen_change
 from freezing.determinism import enable_determinism
-from study.data import ACCEPTED_FORMS, MnistSplits
 from freezing.gates import gate
 from freezing.masked_optimizer import MaskedOptimizer
+from freezing.selection import select_variables
+from study.data import ACCEPTED_FORMS, MnistSplits
 from study.models import deep_mnist_cnn
 from study.processes import map_in_processes
-from freezing.selection import select_variables
 from study.training import LOSS, accuracy, median_ms, restore, snapshot
 from study.validation import check_choices, check_int_list, check_positive_int, check_range
 

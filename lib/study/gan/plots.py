@@ -9,7 +9,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-
 SMOOTH = 5
 """Logged loss values averaged into each plotted point (a centred rolling mean): the raw curves of nine methods
 are too noisy to tell apart."""

@@ -20,10 +20,9 @@ import pandas as pd
 import tensorflow as tf
 
 from freezing import gradients
+from study.gradients.config import GradientStudyConfig
 from study.models import deep_mnist_cnn
 from study.training import LOSS
-
-from study.gradients.config import GradientStudyConfig
 
 
 def interleaved_ms(methods: Mapping[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:

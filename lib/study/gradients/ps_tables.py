@@ -14,9 +14,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from study.report.prose import fixed, pm
-
 from study.gradients.config import GradientStudyConfig
+from study.report.prose import fixed, pm
 
 
 def window_rates(result: Mapping[str, Any], windows: int = 4) -> list[float]:

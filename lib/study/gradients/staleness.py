@@ -19,9 +19,9 @@ import numpy as np
 import pandas as pd
 import tensorflow as tf
 
-from study.validation import check_choice
 from study.data import MnistSplits
 from study.gradients.config import STALENESS_OPTIMIZERS, GradientStudyConfig
+from study.validation import check_choice
 
 
 def _mlp_init(seed: int, hidden: int = 64) -> list[np.ndarray]:

@@ -26,22 +26,48 @@ the which-method table (``which_method``); this package re-exports their public 
 
 from __future__ import annotations
 
-from study.recipes.setup import (  # noqa: F401
-    OLD_CLASSES, NEW_COLUMN_METHODS, PRUNE_METHODS, UNFREEZE_METHODS, SPARSE_METHODS, SUBNET_METHODS,
-    PRUNED_LAYER, COLUMNS, RecipesConfig, mlp, body_layers, extend_head, CopyBack, StepAudit, old_new,
-    Pretrained, pretrain_mlps, StudyResult,
-)
 from study.recipes.labels import LABELS, OPTIMIZER_NAMES, method_label, optimizer_name  # noqa: F401
 from study.recipes.new_columns import new_columns_study  # noqa: F401
 from study.recipes.pruning import (  # noqa: F401
-    magnitude_mask, CnnState, pretrain_cnns, load_cnn_state, dense_cnn, pruning_study,
+    CnnState,
+    dense_cnn,
+    load_cnn_state,
+    magnitude_mask,
+    pretrain_cnns,
+    pruning_study,
 )
-from study.recipes.unfreezing import unfreezing_study, trainable_traps  # noqa: F401
-from study.recipes.sparse import fish_masks, squared_gradients, sparse_study  # noqa: F401
+from study.recipes.setup import (  # noqa: F401
+    COLUMNS,
+    NEW_COLUMN_METHODS,
+    OLD_CLASSES,
+    PRUNE_METHODS,
+    PRUNED_LAYER,
+    SPARSE_METHODS,
+    SUBNET_METHODS,
+    UNFREEZE_METHODS,
+    CopyBack,
+    Pretrained,
+    RecipesConfig,
+    StepAudit,
+    StudyResult,
+    body_layers,
+    extend_head,
+    mlp,
+    old_new,
+    pretrain_mlps,
+)
+from study.recipes.sparse import fish_masks, sparse_study, squared_gradients  # noqa: F401
 from study.recipes.subnetwork import RandomUnits, subnetwork_study  # noqa: F401
 from study.recipes.summary import (  # noqa: F401
-    summarize, recipe_metrics, headline, state_kept_text, short_error, spread_caption, METRIC_KINDS,
+    METRIC_KINDS,
+    headline,
+    recipe_metrics,
+    short_error,
+    spread_caption,
+    state_kept_text,
+    summarize,
     value_ranges,
 )
+from study.recipes.unfreezing import trainable_traps, unfreezing_study  # noqa: F401
 from study.recipes.which_method import method_table  # noqa: F401
 from study.report.reporting import display_table  # noqa: F401

@@ -12,11 +12,25 @@ from freezing.determinism import enable_determinism
 from freezing.masked_optimizer import MaskedOptimizer
 from study.data import MnistSplits
 from study.optimizers import make_optimizer
-from study.training import LOSS, StepTimer, median_ms, restore, snapshot
 from study.recipes.setup import (
-    CopyBack, NEW_COLUMN_METHODS, OLD_CLASSES, Pretrained, RecipesConfig, StudyResult, _POLICY, _accuracies,
-    _diagnosis_rows, _digest, _fit_steps, _momentum_nonzero, _moved, body_layers, mlp, old_new,
+    _POLICY,
+    NEW_COLUMN_METHODS,
+    OLD_CLASSES,
+    CopyBack,
+    Pretrained,
+    RecipesConfig,
+    StudyResult,
+    _accuracies,
+    _diagnosis_rows,
+    _digest,
+    _fit_steps,
+    _momentum_nonzero,
+    _moved,
+    body_layers,
+    mlp,
+    old_new,
 )
+from study.training import LOSS, StepTimer, median_ms, restore, snapshot
 
 
 def new_columns_study(config: RecipesConfig, data: MnistSplits, pretrained: Mapping[int, Pretrained]) -> StudyResult:

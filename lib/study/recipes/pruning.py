@@ -15,15 +15,25 @@ import freezing
 from freezing.determinism import enable_determinism
 from freezing.masked_optimizer import MaskedOptimizer
 from freezing.slots import slots
-from study.validation import check_range
 from study.data import MnistSplits
 from study.models import deep_mnist_cnn
 from study.optimizers import make_optimizer
-from study.training import LOSS, StepTimer, accuracy, median_ms, restore, snapshot
 from study.recipes.setup import (
-    CopyBack, PRUNED_LAYER, PRUNE_METHODS, RecipesConfig, StudyResult, _POLICY, _diagnosis_rows, _digest,
-    _fit_steps, _momentum, _momentum_nonzero, _moved,
+    _POLICY,
+    PRUNE_METHODS,
+    PRUNED_LAYER,
+    CopyBack,
+    RecipesConfig,
+    StudyResult,
+    _diagnosis_rows,
+    _digest,
+    _fit_steps,
+    _momentum,
+    _momentum_nonzero,
+    _moved,
 )
+from study.training import LOSS, StepTimer, accuracy, median_ms, restore, snapshot
+from study.validation import check_range
 
 
 def magnitude_mask(weights: np.ndarray, sparsity: float) -> np.ndarray:

@@ -18,11 +18,10 @@ import freezing
 from freezing.audit import changed_bits
 from freezing.determinism import enable_determinism
 from freezing.slots import slots
-from study.validation import check_choice, check_choices, check_int_list, check_positive_int, check_range
 from study.data import ACCEPTED_FORMS, MnistSplits
 from study.optimizers import OPTIMIZERS, make_optimizer
 from study.training import LOSS, StepTimer, accuracy, batch_indices, median_ms, restore, snapshot
-
+from study.validation import check_choice, check_choices, check_int_list, check_positive_int, check_range
 
 OLD_CLASSES = 5
 """Digits 0-4 are the old task, 5-9 the new one."""

@@ -16,13 +16,22 @@ import tensorflow as tf
 from freezing.audit import changed_bits
 from freezing.determinism import enable_determinism
 from freezing.masked_optimizer import MaskedOptimizer
-from study.validation import check_range
 from study.data import MnistSplits
 from study.optimizers import make_optimizer
-from study.training import LOSS, StepTimer, batch_indices, median_ms, restore, snapshot
 from study.recipes.setup import (
-    Pretrained, RecipesConfig, SPARSE_METHODS, StudyResult, _accuracies, _digest, _fit_steps, body_layers, mlp, old_new,
+    SPARSE_METHODS,
+    Pretrained,
+    RecipesConfig,
+    StudyResult,
+    _accuracies,
+    _digest,
+    _fit_steps,
+    body_layers,
+    mlp,
+    old_new,
 )
+from study.training import LOSS, StepTimer, batch_indices, median_ms, restore, snapshot
+from study.validation import check_range
 
 METHODS = (*SPARSE_METHODS, "sparse_state", "lora")
 """Recipe 4's methods: full, last layer, the FISH selection with dense hold state and with sparse state, LoRA."""

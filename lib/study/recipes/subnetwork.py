@@ -15,10 +15,17 @@ from freezing.determinism import enable_determinism
 from freezing.masked_optimizer import MaskedOptimizer
 from study.data import MnistSplits
 from study.optimizers import make_optimizer
-from study.training import LOSS, accuracy, median_ms, restore, snapshot
 from study.recipes.setup import (
-    RecipesConfig, SUBNET_METHODS, StepAudit, StudyResult, _POLICY, _diagnosis_rows, _fit_steps, mlp,
+    _POLICY,
+    SUBNET_METHODS,
+    RecipesConfig,
+    StepAudit,
+    StudyResult,
+    _diagnosis_rows,
+    _fit_steps,
+    mlp,
 )
+from study.training import LOSS, accuracy, median_ms, restore, snapshot
 
 
 class RandomUnits:

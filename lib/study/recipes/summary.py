@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from study.report.prose import ceil, fixed, floor, pct
-from study.report.reporting import count_range, format_count, format_mean_std
 from study.recipes.labels import method_label, optimizer_name
 from study.recipes.setup import NEW_COLUMN_METHODS, SUBNET_METHODS, StudyResult
+from study.report.prose import ceil, fixed, floor, pct
+from study.report.reporting import count_range, format_count, format_mean_std
 
 
 # -- summaries, tables, headline -------------------------------------------------------------------------

@@ -19,11 +19,18 @@ from freezing.schedule import MaskSchedule
 from freezing.slots import slots
 from study.data import MnistSplits
 from study.optimizers import make_optimizer
-from study.training import LOSS, StepTimer, accuracy, median_ms, restore, snapshot
 from study.recipes.setup import (
-    Pretrained, RecipesConfig, StudyResult, UNFREEZE_METHODS, _dataset, _diagnosis_rows, body_layers, mlp,
+    UNFREEZE_METHODS,
+    Pretrained,
+    RecipesConfig,
+    StudyResult,
+    _dataset,
+    _diagnosis_rows,
+    body_layers,
+    mlp,
     old_new,
 )
+from study.training import LOSS, StepTimer, accuracy, median_ms, restore, snapshot
 
 
 # -- 3. staged (gradual) unfreezing ----------------------------------------------------------------

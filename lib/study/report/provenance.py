@@ -28,7 +28,6 @@ import yaml
 from study.report import cache
 from study.report.records import folder_digests
 
-
 MANIFEST_FIELDS: dict[str, str] = {
     "title": "the notebook's title (its first heading).",
     "profile": "which parameter file it ran with: `smoke` or `full` (`notebooks/params/NN_topic.<profile>.yaml`).",
