@@ -39,3 +39,14 @@ def pytest_runtest_call(item: pytest.Item):
             return (yield)
         finally:
             os.chdir(start)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the doctests that show what only a newer Keras records (the oldest Keras CI tests records less)."""
+    from freezing import _keras_api
+
+    if _keras_api.records_compiled_trainable_state():
+        return
+    for item in items:
+        if item.name == "freezing.stalls.trainable_changes":
+            item.add_marker(pytest.mark.skip(reason="this Keras records no trainable flag at compile"))

@@ -23,10 +23,11 @@ from typing import Any
 
 import keras
 
+from freezing import _keras_api
 from freezing.selection import variable_path
 
 
-class Unapplied:
+class Unapplied(keras.constraints.Constraint):  # Keras 3.5 accepts only a Constraint here
     """A variable's constraint while an unbuilt ``MaskedOptimizer`` holds a mask for it: raises when called.
 
     >>> import keras; from freezing import MaskedOptimizer
@@ -62,14 +63,14 @@ class Unapplied:
 def watch(owner: Any, variables: Iterable[Any]) -> None:
     """Put an ``Unapplied`` constraint on each ``keras.Variable`` of ``variables`` that has none from ``owner``."""
     for v in variables:
-        if isinstance(v, keras.Variable) and not _watched_by(v, owner):
+        if _keras_api.is_keras_variable(v) and not _watched_by(v, owner):
             v.constraint = Unapplied(owner, v.constraint)
 
 
 def unwatch(owner: Any, variables: Iterable[Any]) -> None:
     """Take ``owner``'s ``Unapplied`` constraint off each variable (any constraint it wrapped goes back)."""
     for v in variables:
-        if not isinstance(v, keras.Variable):
+        if not _keras_api.is_keras_variable(v):
             continue
         if isinstance(v.constraint, Unapplied) and v.constraint.owned_by(owner):
             v.constraint = v.constraint.original

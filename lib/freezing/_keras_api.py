@@ -13,6 +13,8 @@ Nothing else in ``freezing`` reads a private Keras or TensorFlow attribute.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -125,6 +127,18 @@ def check(optimizer: keras.optimizers.Optimizer) -> None:
 
 
 # -- variables ---------------------------------------------------------------------------------------
+def is_keras_variable(value: Any) -> bool:
+    """Whether ``value`` is a Keras variable on the TensorFlow backend (its ``value`` is a ``tf.Variable``).
+
+    Not ``isinstance(value, keras.Variable)``: in Keras 3.5 a layer's and an optimizer's variables are instances
+    of the backend's class, which the exported ``keras.Variable`` subclasses, so that test is False for them.
+
+    >>> is_keras_variable(keras.Variable([1.0])), is_keras_variable(tf.Variable([1.0])), is_keras_variable(1.0)
+    (True, False, False)
+    """
+    return not isinstance(value, tf.Variable) and isinstance(getattr(value, "value", None), tf.Variable)
+
+
 def tf_variable(variable: Any) -> Any:
     """The ``tf.Variable`` behind a Keras variable (its ``value``), or ``variable`` itself.
 
@@ -277,6 +291,19 @@ def flatten_layers(model: Any) -> list[Any]:
 COMPILED_TRAINABLE_STATE = "_compiled_trainable_state"
 """A compiled model's ``{layer: trainable}`` at ``compile`` (Keras 3.15 ``Trainer.compile``): what its
 ``_warn_if_trainable_state_changed`` compares with, a warning that is never reached (it follows a ``raise``)."""
+
+
+@functools.cache
+def records_compiled_trainable_state() -> bool:
+    """Whether this Keras records each layer's ``trainable`` at ``compile`` (Keras 3.15 does; Keras 3.5 does not).
+
+    Read from the source of ``keras.Model.compile``, so that asking creates no model (no name counter moves).
+    Where Keras records nothing, a ``trainable`` change after ``compile`` cannot be told from the model alone.
+    """
+    try:
+        return COMPILED_TRAINABLE_STATE in inspect.getsource(keras.Model.compile)
+    except (OSError, TypeError):  # no source shipped: assume it does not
+        return False
 
 
 def compiled_trainable_state(model: Any) -> dict[Any, bool] | None:

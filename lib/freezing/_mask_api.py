@@ -43,7 +43,7 @@ def is_variable(value: Any) -> bool:
     >>> is_variable(keras.Variable([1.0])), is_variable(np.ones(2)), is_variable(tf.ones(2))
     (True, False, False)
     """
-    return isinstance(value, (keras.Variable, tf.Variable))
+    return isinstance(value, tf.Variable) or _keras_api.is_keras_variable(value)
 
 
 def _is_target(value: Any) -> bool:

@@ -104,7 +104,8 @@ def trainable_changes(model: Any, optimizer: Any = None) -> Diagnosis:
     """One row per weight of a layer whose ``trainable`` changed after ``compile`` without taking effect.
 
     The change takes effect only if the train step is traced again with a fresh optimizer (``compile``); once
-    ``fit`` has traced it or the optimizer is built, the step keeps doing what it did at ``compile``.
+    ``fit`` has traced it or the optimizer is built, the step keeps doing what it did at ``compile``. It reads the
+    flags Keras records at ``compile`` (Keras 3.15 does; Keras 3.5 records none, and then nothing is reported).
 
     >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="d")], name="m")
     >>> model.compile(optimizer="sgd", loss="mse")
@@ -117,6 +118,9 @@ def trainable_changes(model: Any, optimizer: Any = None) -> Diagnosis:
     optimizer = getattr(model, "optimizer", None) if optimizer is None else optimizer
     traced = getattr(model, "train_function", None) is not None or bool(getattr(optimizer, "built", False))
     rows, seen = [], set()
+    if not _keras_api.records_compiled_trainable_state():
+        return Diagnosis(rows, empty=f"Keras {keras.__version__} records no layer's trainable flag at compile: a "
+                         "trainable change after compile cannot be told here (Keras 3.15 records it)")
     if state is None or not traced:
         return Diagnosis(rows, empty="no trainable change after compile is left without effect")
     for layer in _keras_api.flatten_layers(model):
