@@ -152,8 +152,8 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
     the interval is above zero, ``"-"`` below, ``"0"`` when it holds zero: the run cannot tell), and
     ``gap_halfwidth_max_<tau>`` (the widest of those intervals at that delay, as a half-width). The Adam - SGD
     gap is also ``difference_<tau>`` / ``difference_se_<tau>`` (the headline's names), and ``tuned_gap_0`` is
-    |Adam - SGD| at tau = 0. ``retuned`` (``staleness.tuned_differences``) adds the same keys under ``tgap``: a's
-    test accuracy minus b's, each at the rate re-chosen for that tau.
+    |Adam - SGD| at tau = 0. ``retuned`` (``staleness.tuned_differences``) adds the same keys under ``tgap``: the
+    test accuracy a lost to the delay minus what b lost, each at the rate re-chosen for that tau.
 
     >>> check = pd.DataFrame({"tau": [2], "optimizer": ["adam"], "slowdown_mean": [3.4], "slowdown_std": [0.5],
     ...                       "drop_mean": [0.01], "drop_ci_low": [0.0], "drop_ci_high": [0.02], "reached": [8],

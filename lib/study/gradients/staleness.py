@@ -348,8 +348,10 @@ def paired_difference(curves: pd.DataFrame, a: str = "adam", b: str = "sgd") -> 
 
 
 def tuned_differences(curves: pd.DataFrame, pairs: Sequence[tuple[str, str]]) -> pd.DataFrame:
-    """Per pair and tau: final test accuracy of ``a`` minus ``b``, each at the rate the validation split chose for
-    that tau (``best_per_tau``), paired by seed; columns as ``paired_differences`` (positive: a keeps more)."""
+    """Per pair and tau: the test accuracy ``a`` lost to the delay minus what ``b`` lost, each optimizer at the rate
+    the validation split chose for that tau (``best_per_tau``), paired by seed; columns as ``paired_differences``
+    (negative: a loses less). A loss is the seed's accuracy at tau = 0 (at the rate chosen without delay) minus its
+    accuracy at tau, so that an optimizer that is simply better without delay is not counted as more robust."""
     final = final_accuracy(curves)
     tuned = best_per_tau(curves)
 
@@ -358,10 +360,13 @@ def tuned_differences(curves: pd.DataFrame, pairs: Sequence[tuple[str, str]]) ->
         mine = final[(final["optimizer"] == name) & (final["learning_rate"] == lr) & (final["tau"] == tau)]
         return mine.sort_values("seed")["accuracy"].to_numpy()
 
+    def lost(name: str, tau: int) -> np.ndarray:
+        return accuracy(name, 0) - accuracy(name, tau)
+
     rows = []
     for a, b in pairs:
         for tau in tuned.index:
-            diff = accuracy(a, tau) - accuracy(b, tau)
+            diff = lost(a, tau) - lost(b, tau)
             std = float(np.std(diff, ddof=1)) if len(diff) > 1 else float("nan")
             mean, low, high = t_interval(diff)
             rows.append({"a": a, "b": b, "tau": int(tau), "mean": mean, "std": std, "se": std / np.sqrt(len(diff)),
