@@ -377,6 +377,15 @@ def test_adam_on_the_ps_with_frozen_entries_that_no_push_moves_then_a_refused_re
         return 0
 
     assert pointer["version"] == 24 and 0 < longest(sidecar) <= job.functions
+    # two chiefs started again from the same checkpoint are two attempts: the job's history is not in the sidecar,
+    # so a restore cannot roll it back
+    assert "attempts" not in sidecar["state"] and len(r["attempts"]) == 1
+    for _ in range(2):
+        code, log = _chief(cluster, {**dataclasses.asdict(job), "checkpoint_dir": str(tmp_path / "ckpt")},
+                           tmp_path, "--resume")
+        assert code == 0, log
+    attempts = json.loads((tmp_path / "result.json").read_text())["attempts"]
+    assert [(a["resumed"], a["restored_version"]) for a in attempts] == [(False, None), (True, 24), (True, 24)]
     # a sidecar that no longer matches its checkpoint: --resume is refused with the reason, exit 4
     sidecar_path = tmp_path / "ckpt" / pointer["folder"] / "state.json"
     sidecar_path.write_text(sidecar_path.read_text().replace('"version": 24', '"version": 23'))

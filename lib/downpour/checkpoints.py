@@ -8,6 +8,10 @@ never a checkpoint without its sidecar. ``CheckpointStore.latest`` refuses (``Re
 disagrees) a pointer to a missing folder, a missing or changed sidecar, a sidecar of another version or job, or
 checkpoint folders without a pointer; after the restore, the chief checks that the restored counter equals the
 sidecar's version.
+
+The job's history is not rolled back with its state: every start of a chief is appended to ``attempts.json``
+(``CheckpointStore.start_attempt``), beside the checkpoints, so that two restarts from the same checkpoint are two
+attempts, not one the second restore forgot.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from downpour.jsonio import write_json_atomic
+from downpour.jsonio import read_json, write_json_atomic
 
 POINTER = "latest.json"
+ATTEMPTS = "attempts.json"
 SIDECAR = "state.json"
 PREFIX = "ckpt"
 
@@ -84,6 +89,14 @@ class CheckpointStore:
         for old in [p for p in self._folders() if p.name != name][: max(0, len(existing) + 1 - self.keep)]:
             shutil.rmtree(old, ignore_errors=True)
         return final
+
+    def start_attempt(self, attempt: dict[str, Any], resume: bool) -> list[dict[str, Any]]:
+        """Append ``attempt`` (one start of a chief) to the job's ``attempts.json`` and return every attempt so far,
+        written durably; a start without ``resume`` begins the list afresh."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        attempts = [*(read_json(self.directory / ATTEMPTS, []) if resume else []), attempt]
+        write_json_atomic(self.directory / ATTEMPTS, attempts)
+        return attempts
 
     def _folders(self) -> list[Path]:
         folders = [p for p in self.directory.glob(f"{PREFIX}-*-*") if p.is_dir()] if self.directory.is_dir() else []

@@ -282,9 +282,10 @@ class _Chief:
                 self.log(f"--resume: no checkpoint in {config.checkpoint_dir} yet; starting from update 0")
         self.checkpoint_version = self.restored if self.restored is not None else 0
         self.last_version = self.counter()
-        self.state["attempts"].append({
-            "resumed": self.restored is not None, "restored_version": self.restored,
-            "restored_functions": self.state["functions_done"] if self.restored is not None else 0})
+        attempt = {"resumed": self.restored is not None, "restored_version": self.restored,
+                   "restored_functions": self.state["functions_done"] if self.restored is not None else 0}
+        # the job's history, kept beside the checkpoints: a restore rolls back the state, not the attempts
+        self.state["attempts"] = self.store.start_attempt(attempt, resume) if self.store is not None else [attempt]
         self.write_progress()
 
         self.loss = make_loss(config)
@@ -384,7 +385,8 @@ class _Chief:
                 snapshots = []
                 self.state["checkpoints"].append({"version": self.last_version, "functions": done,
                                                   "seconds": self.state["elapsed"]})
-                faults.with_deadline(lambda: self.store.save(self.checkpoint, self.last_version, self.state),
+                sidecar = {k: v for k, v in self.state.items() if k != "attempts"}  # attempts: CheckpointStore's
+                faults.with_deadline(lambda: self.store.save(self.checkpoint, self.last_version, sidecar),
                                      faults.SAVE_DEADLINE_S, "writing a checkpoint")
                 self.checkpoint_version = self.last_version
             self.write_progress(steady=steady_from is not None)

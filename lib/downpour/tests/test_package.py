@@ -283,6 +283,19 @@ def test_a_save_cut_off_at_any_point_leaves_the_previous_checkpoint_or_the_new_o
     assert store.latest()[1:] == (8, {"at": 8})
 
 
+def test_every_start_of_a_chief_is_an_attempt_even_when_two_restore_the_same_checkpoint(tmp_path):
+    store, ckpt, version = _state(tmp_path)
+    assert store.start_attempt({"resumed": False}, resume=False) == [{"resumed": False}]
+    version.assign(8)
+    store.save(ckpt, 8, {"at": 8})
+    for _ in range(2):  # two restarts before the next checkpoint: both restore update 8, both are kept
+        assert store.restore(ckpt, version) == (8, {"at": 8})
+        attempts = store.start_attempt({"resumed": True, "restored_version": 8}, resume=True)
+    assert attempts == [{"resumed": False}, *[{"resumed": True, "restored_version": 8}] * 2]
+    assert json.loads((tmp_path / "attempts.json").read_text()) == attempts  # on disk, for the next chief
+    assert store.start_attempt({"resumed": False}, resume=False) == [{"resumed": False}]  # a new job starts afresh
+
+
 def test_resume_is_refused_with_a_clear_message_when_checkpoint_and_sidecar_disagree(tmp_path):
     store, ckpt, version = _state(tmp_path)
     version.assign(4)
