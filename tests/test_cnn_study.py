@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from study import cnn
+from study import cnn, intervals
 from study.models import deep_mnist_cnn
-from study.report import reporting
+from study.report import prose, reporting
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -214,10 +214,11 @@ def test_report_tables_show_no_raw_none_false_or_scientific_counts():
     assert shown.loc["naive", "changed"] == "7,326,424 ± 79,581"
     assert shown.loc["naive", "max |ΔW|"] == "3.2e-5 ± 1.5e-5"  # no e-05
     steps = _steps_table(True).replace({"method": {"naive": "reset"}})
-    contrast = cnn.hold_vs_reset(cnn.masked_summary(steps))
+    contrast = cnn.hold_vs_reset(steps)
     assert list(contrast.columns) == list(cnn.HOLD_VS_RESET_COLUMNS)
     shown = cnn.hold_vs_reset_display(contrast).iloc[0]
-    assert shown["differs (|difference| > 2 × larger std)"] == "no" and shown["difference"] == "+0.000"
+    assert shown["differs (interval leaves out 0)"] == "no" and shown["hold − reset"] == "+0.000"
+    assert shown["95% interval (paired by seed)"] == "+0.000 to +0.000" and shown["seeds hold higher"] == "0 of 2"
 
 
 def test_one_step_audit_counts_what_could_and_did_move():
@@ -238,12 +239,47 @@ def test_step_times_name_the_slowest_method_only_where_every_run_agrees():
     steps = _steps_table(True)
     slow = steps.assign(step_time_ms=steps["step_time_ms"] + 5 * (steps["method"] == "naive"))
     times = cnn.step_times(slow)
-    assert times["pairs"] == 2 and times["slowest_runs"] == {"naive": 2, "hold": 0}
+    assert times["pairs"] == 2 and times["slowest_runs"] == {"naive": 2, "hold": 0} and times["about_equal_runs"] == 0
     assert times["slowest_every_mean"] == "naive" and times["methods"]["naive"]["runs"] == 2
     assert times["methods"]["naive"]["mean"] == pytest.approx(17.5) and times["methods"]["hold"]["std"] == 0
     mixed = slow.copy()
     mixed.loc[(mixed["method"] == "hold") & (mixed["seed"] == 1), "step_time_ms"] += 100  # hold slowest in seed 1
     assert cnn.step_times(mixed)["slowest_runs"] == {"naive": 1, "hold": 1}
+
+
+def test_a_step_slower_by_less_than_the_timing_tolerance_is_about_equal_not_the_slowest():
+    steps = _steps_table(True)
+    # naive 1.5% slower than hold in seed 0 (within TIMING_TOLERANCE), 5% in seed 1
+    factor = np.where(steps["method"] == "naive", np.where(steps["seed"] == 0, 1.015, 1.05), 1.0)
+    times = cnn.step_times(steps.assign(step_time_ms=steps["step_time_ms"] * factor))
+    assert times["slowest_runs"] == {"naive": 1, "hold": 0} and times["about_equal_runs"] == 1
+    assert times["tolerance"] == prose.TIMING_TOLERANCE and times["slowest_every_mean"] == "naive"  # mean 3.25%
+    close = cnn.step_times(steps.assign(step_time_ms=steps["step_time_ms"] * np.where(
+        steps["method"] == "naive", 1.015, 1.0)))
+    assert close["slowest_runs"] == {"naive": 0, "hold": 0} and close["slowest_every_mean"] == ""
+
+
+def test_hold_against_reset_counts_a_difference_only_where_its_paired_interval_leaves_out_zero():
+    import pandas as pd
+
+    def table(hold: list[float], reset: list[float]) -> pd.DataFrame:
+        """A steps table of one p: each policy's final accuracy per seed (seeds 0, 1, 2)."""
+        return pd.DataFrame([{"experiment": "x", "optimizer": "adam", "method": method, "seed": seed, "p": 0.5,
+                              "step": step, "loss": 1.0, "frozen_entries": 10, "frozen_changed": 0,
+                              "frozen_max_abs_delta": 0.0, "step_time_ms": 10.0,
+                              "accuracy": accuracy if step == 2 else np.nan}
+                             for method, values in (("hold", hold), ("reset", reset))
+                             for seed, accuracy in enumerate(values) for step in (1, 2)])
+
+    # the committed run's p = 0.5: hold higher in every seed by 0.062, 0.010, 0.074; 3 seeds cannot tell
+    loose = cnn.hold_vs_reset(table([0.70, 0.71, 0.72], [0.638, 0.70, 0.646])).iloc[0]
+    mean, low, high = intervals.t_interval([0.062, 0.010, 0.074])
+    assert loose["difference"] == pytest.approx(mean) and loose["interval low"] == pytest.approx(low)
+    assert low < 0 < high and not loose["differs"] and loose["seeds hold higher"] == 3 and loose["seeds"] == 3
+    tight = cnn.hold_vs_reset(table([0.70, 0.71, 0.72], [0.65, 0.659, 0.671])).iloc[0]
+    assert tight["differs"] and tight["interval low"] > 0
+    worse = cnn.hold_vs_reset(table([0.65, 0.659, 0.671], [0.70, 0.71, 0.72])).iloc[0]
+    assert worse["differs"] and worse["interval high"] < 0 and worse["seeds hold higher"] == 0
 
 
 def test_the_naive_and_hold_tables_print_a_mean_as_the_summary_table_does():
@@ -256,7 +292,9 @@ def test_the_naive_and_hold_tables_print_a_mean_as_the_summary_table_does():
     assert trade["naive accuracy (mean ± std)"] == shown.loc["naive", "accuracy"] == "0.5500 ± 0.0707"
     assert trade["hold accuracy (mean ± std)"] == shown.loc["hold", "accuracy"] == "0.8473 ± 0.0012"
     assert trade["naive minus hold"] == "−0.2973"
-    contrast = cnn.hold_vs_reset(summary.replace({"method": {"naive": "reset"}}))
+    steps = _steps_table(True)
+    steps.loc[(steps["method"] == "hold") & (steps["step"] == 3), "accuracy"] = [0.8461, 0.8485]
+    contrast = cnn.hold_vs_reset(steps.replace({"method": {"naive": "reset"}}))
     assert cnn.hold_vs_reset_display(contrast, summary).iloc[0]["hold"] == "0.8473"
 
 

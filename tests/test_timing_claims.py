@@ -10,6 +10,7 @@ import nbformat
 import pandas as pd
 import pytest
 
+from study import intervals
 from study.gradients import findings
 from study.report import prose
 
@@ -87,3 +88,64 @@ def test_timing_side_needs_every_round_beyond_the_tolerance():
     assert prose.timing_side(0.9986, 0.9995) == "about equal"  # below 1 in every round, but within the noise
     assert prose.timing_side(0.5, 1.2) == "about equal"  # the rounds disagree
     assert prose.timing_side(0.5, 0.97) == "faster" and prose.timing_side(1.03, 9.0) == "slower"
+
+
+def _mask_steps(reset_factor: dict[tuple[int, float], float]) -> pd.DataFrame:
+    """A steps table of 02's mask study (Adam; seeds 0-2; p 0.1, 0.5, 0.9): hold and naive take 10 ms a step,
+    reset ``reset_factor[(seed, p)]`` times that; hold ends 0.01-0.07 above reset in accuracy."""
+    rows = []
+    for seed in (0, 1, 2):
+        for p in (0.1, 0.5, 0.9):
+            for method in ("naive", "hold", "reset"):
+                for step in (1, 2, 3):
+                    factor = reset_factor[(seed, p)] if method == "reset" else 1.0
+                    accuracy = 0.7 - (0.01 + 0.03 * seed) * (method == "reset")
+                    rows.append({"experiment": "masks", "optimizer": "adam", "method": method, "seed": seed, "p": p,
+                                 "step": step, "loss": 1.0, "frozen_entries": 10, "frozen_changed": 0,
+                                 "frozen_max_abs_delta": 0.0, "step_time_ms": 10.0 * factor + 0.01 * step,
+                                 "accuracy": accuracy if step == 3 else float("nan")})
+    return pd.DataFrame(rows)
+
+
+def _step_times_text(steps: pd.DataFrame) -> str:
+    from study import cnn
+
+    metrics = _metrics_02((1.1, 1.2))
+    metrics["mask_step_times"] = cnn.step_times(steps)
+    contrast = cnn.hold_vs_reset(steps).set_index("p")
+    metrics["mask_tradeoff"] = {**metrics.get("mask_tradeoff", {}), **{
+        "hold_minus_reset": {f"{p:g}": v for p, v in contrast["difference"].items()},
+        "hold_reset_low": {f"{p:g}": v for p, v in contrast["interval low"].items()},
+        "hold_reset_high": {f"{p:g}": v for p, v in contrast["interval high"].items()},
+        "hold_clearly_better": [f"{p:g}" for p, r in contrast.iterrows() if r["differs"] and r["difference"] > 0],
+        "hold_higher": int(contrast["seeds hold higher"].sum()), "hold_pairs": int(contrast["seeds"].sum()),
+        "hold_sign_test": intervals.sign_test(contrast["seeds hold higher"].sum(), contrast["seeds hold lower"].sum())}}
+    metrics["confidence"] = 0.95
+    return " ".join(prose.fill(_template("02_mnist_cnn_freezing", "**Step times.**"), metrics).split())
+
+
+@pytest.mark.parametrize("close, said, not_said", [
+    ({}, "was the slowest in 9 of the 9 (seed, p) comparisons", ["about equal", "No method"]),
+    # the committed run's two pairs within the tolerance (reset / hold 1.005 and 1.019): no longer "each of the 9"
+    ({(1, 0.1): 1.005, (0, 0.9): 1.019}, "was the slowest in 7 of the 9 (seed, p) comparisons; in 2 the two slowest "
+     "were within 2% (about equal)", ["each of the 9", "No method"]),
+    ({k: 1.01 for k in [(s, p) for s in (0, 1, 2) for p in (0.1, 0.5, 0.9)]},
+     "No method is the slowest at every p in this run by more than 2%", ["was the slowest in"]),
+])
+def test_02_reset_is_named_the_slowest_only_beyond_the_tolerance(close, said, not_said):
+    factors = {(s, p): close.get((s, p), 1.08) for s in (0, 1, 2) for p in (0.1, 0.5, 0.9)}
+    text = _step_times_text(_mask_steps(factors))
+    assert said in text, text
+    for phrase in not_said:
+        assert phrase not in text
+
+
+def test_02_hold_against_reset_says_the_run_cannot_tell_where_every_interval_holds_zero():
+    text = _step_times_text(_mask_steps({(s, p): 1.08 for s in (0, 1, 2) for p in (0.1, 0.5, 0.9)}))
+    part = text[text.index("**`hold` or `reset`?**"):text.index("**Step times.**")]
+    # hold is above reset in every seed (0.01, 0.04, 0.07), but three seeds give an interval that holds zero
+    assert "ended more accurate than `reset` in 9 of the 9 (seed, p) pairs" in part
+    assert "at every p the interval holds zero: at one p alone, 3 seeds cannot tell the two policies apart" in part
+    assert ("a split at least this uneven would have a chance of 0.0039: a two-sided sign test, so taken over every p "
+            "together `hold` is ahead)") in part
+    assert "clearly better" not in part and "lies above zero" not in part and "never clearly worse" in part

@@ -11,7 +11,8 @@ import pandas as pd
 from study.cnn.finetune import FINETUNE_RUN_COLUMNS
 from study.cnn.masks import STEP_COLUMNS, run_keys
 from study.cnn.setup import CnnStudyConfig  # noqa: F401
-from study.report.prose import pm, signed
+from study.intervals import CONFIDENCE, t_interval
+from study.report.prose import TIMING_TOLERANCE, pm, signed
 from study.report.reporting import column_decimals, common_decimals, count_range, format_count, format_mean_std
 
 # -- summaries ----------------------------------------------------------------------------------------
@@ -138,44 +139,60 @@ HOLD_VS_RESET_COLUMNS = {
     "p": STEP_COLUMNS["p"],
     "hold": "final test accuracy with policy hold, mean over seeds (fraction, 0-1)",
     "reset": "final test accuracy with policy reset, mean over seeds (fraction, 0-1)",
-    "difference": "hold minus reset (fraction, -1 to 1)",
-    "larger std over seeds": "the larger of the two standard deviations over seeds (fraction)",
-    "differs": "whether |difference| > 2 x larger std over seeds (empty with fewer than 2 seeds)",
+    "difference": "hold minus reset, mean over seeds of each seed's difference (fraction, -1 to 1)",
+    "interval low": f"lower end of the {CONFIDENCE:.0%} Student-t interval of the difference, paired by seed "
+                    "(fraction; empty with fewer than 2 seeds)",
+    "interval high": "upper end of the same interval (fraction; empty with fewer than 2 seeds)",
+    "seeds": "seeds run with both policies (count)",
+    "seeds hold higher": "seeds in which hold ended more accurate than reset (count)",
+    "seeds hold lower": "seeds in which hold ended less accurate than reset (count)",
+    "differs": "whether the interval leaves out zero (empty with fewer than 2 seeds)",
 }
 
 
-def hold_vs_reset(summary: pd.DataFrame) -> pd.DataFrame:
-    """Accuracy of hold minus reset per optimizer and p, with the seeds' spread. ``hold_vs_reset(masked_summary(t))``"""
-    index = [k for k in ("optimizer", "p") if k in summary.columns]
-    pivot = summary.pivot_table(index=index, columns="method",
-                                values=["accuracy_mean", "accuracy_std", "seeds"], dropna=False)
-    if "hold" not in pivot["accuracy_mean"] or "reset" not in pivot["accuracy_mean"]:
-        return pd.DataFrame(columns=[*index, *list(HOLD_VS_RESET_COLUMNS)[2:]])
-    out = pd.DataFrame({
-        "hold": pivot["accuracy_mean"]["hold"], "reset": pivot["accuracy_mean"]["reset"],
-        "difference": pivot["accuracy_mean"]["hold"] - pivot["accuracy_mean"]["reset"],
-        "larger std over seeds": np.maximum(pivot["accuracy_std"]["hold"], pivot["accuracy_std"]["reset"]),
-    })
-    enough = pivot["seeds"][["hold", "reset"]].min(axis=1) >= 2  # a spread needs two seeds at least
-    out["differs"] = (out["difference"].abs() > 2 * out["larger std over seeds"]).where(enough)
-    return out.reset_index()
+def hold_vs_reset(steps: pd.DataFrame) -> pd.DataFrame:
+    """Accuracy of hold minus reset per optimizer and p, paired by seed: the mean difference, its ``CONFIDENCE``
+    Student-t interval, and whether that leaves out zero. ``hold_vs_reset(mask_study(cfg, data))``"""
+    runs = masked_runs(steps)
+    index = [k for k in ("optimizer", "p") if k in runs.columns]
+    columns = [*index, *list(HOLD_VS_RESET_COLUMNS)[2:]]
+    if not {"hold", "reset"} <= set(runs["method"]):
+        return pd.DataFrame(columns=columns)
+    paired = runs.pivot_table(index=[*index, "seed"], columns="method", values="accuracy").dropna(
+        subset=["hold", "reset"])
+    rows = []
+    for key, group in paired.groupby(level=index, sort=False):
+        diff = group["hold"] - group["reset"]
+        mean, low, high = t_interval(diff)
+        rows.append({**dict(zip(index, key if isinstance(key, tuple) else (key,))),
+                     "hold": float(group["hold"].mean()), "reset": float(group["reset"].mean()),
+                     "difference": mean, "interval low": low, "interval high": high, "seeds": int(len(diff)),
+                     "seeds hold higher": int((diff > 0).sum()), "seeds hold lower": int((diff < 0).sum()),
+                     "differs": None if len(diff) < 2 else bool(low > 0 or high < 0)})
+    return pd.DataFrame(rows, columns=columns)
 
 
 def hold_vs_reset_display(contrast: pd.DataFrame, summary: pd.DataFrame | None = None) -> pd.DataFrame:
-    """``hold_vs_reset``'s table as the report shows it, ``differs`` as yes / no (— with one seed).
+    """``hold_vs_reset``'s table as the report shows it: the interval as "low to high", ``differs`` as yes / no
+    (— with one seed).
 
-    Accuracies, their difference and the std at the decimals the summary's accuracy column is shown with
+    Accuracies, their difference and the interval at the decimals the summary's accuracy column is shown with
     (``column_decimals(summary)``), so that a mean prints here as in the summary table; three without ``summary``.
     """
     decimals = (column_decimals(summary, ["accuracy"])["accuracy"] if summary is not None else None)
     decimals = 3 if decimals is None else decimals
-    out = contrast.copy()
-    out["p"] = [f"{p:g}" for p in out["p"]] if "p" in out.columns else None
-    for column in ("hold", "reset", "larger std over seeds"):
-        out[column] = [f"{v:.{decimals}f}" for v in out[column]]
-    out["difference"] = [signed(v, decimals=decimals) for v in out["difference"]]
-    out["differs"] = ["—" if d != d or d is None else ("yes" if d else "no") for d in out["differs"]]
-    out = out.rename(columns={"differs": "differs (|difference| > 2 × larger std)"})
+    out = contrast[[k for k in ("optimizer", "p") if k in contrast.columns]].copy()
+    if "p" in out.columns:
+        out["p"] = [f"{p:g}" for p in out["p"]]
+    for column in ("hold", "reset"):
+        out[column] = [f"{v:.{decimals}f}" for v in contrast[column]]
+    out["hold − reset"] = [signed(v, decimals=decimals) for v in contrast["difference"]]
+    out[f"{CONFIDENCE:.0%} interval (paired by seed)"] = [
+        "—" if low != low else f"{signed(low, decimals=decimals)} to {signed(high, decimals=decimals)}"
+        for low, high in zip(contrast["interval low"], contrast["interval high"])]
+    out["seeds hold higher"] = [f"{h} of {n}" for h, n in zip(contrast["seeds hold higher"], contrast["seeds"])]
+    out["differs (interval leaves out 0)"] = ["—" if d is None or d != d else ("yes" if d else "no")
+                                              for d in contrast["differs"]]
     return out.set_index([k for k in ("optimizer", "p") if k in contrast.columns])
 
 
@@ -249,25 +266,34 @@ def naive_vs_exact_display(trade: pd.DataFrame, summary: pd.DataFrame | None = N
     return out.set_index([k for k in ("optimizer", "p") if k in trade.columns])
 
 
-def step_times(steps: pd.DataFrame) -> dict[str, Any]:
+def _slowest(times: pd.DataFrame, tolerance: float) -> pd.Series:
+    """Per row of ``times`` (one column per method), the method slower than every other by more than ``tolerance``
+    (its time over the next slowest's above ``1 + tolerance``), or "" where the two slowest are within it."""
+    ordered = np.sort(times.to_numpy(dtype=float), axis=1)
+    clear = ordered[:, -1] > (1 + tolerance) * ordered[:, -2] if times.shape[1] > 1 else np.ones(len(times), bool)
+    return pd.Series(np.where(clear, times.idxmax(axis=1), ""), index=times.index)
+
+
+def step_times(steps: pd.DataFrame, tolerance: float = TIMING_TOLERANCE) -> dict[str, Any]:
     """Each method's step time over its runs (each run's median step, ``masked_runs``), and which method was the
-    slowest, run by run and in the means over seeds.
+    slowest, run by run and in the means over seeds, by more than ``tolerance`` (``prose.TIMING_TOLERANCE``).
 
     ``methods``: per method, the mean and std over its runs (every seed and p) and how many runs; ``slowest_runs``:
-    per method, in how many of the ``pairs`` (optimizer, seed, p) it was the slowest of the methods;
-    ``slowest_every_mean``: the method whose mean over seeds is the largest at every (optimizer, p) of the summary
-    table, or "" where none is. ``step_times(mask_study(cfg, data))``
+    per method, in how many of the ``pairs`` (optimizer, seed, p) it was slower than every other method by more
+    than ``tolerance``; ``about_equal_runs``: the pairs where the two slowest were within it;
+    ``slowest_every_mean``: the method whose mean over seeds is the largest, by more than ``tolerance``, at every
+    (optimizer, p) of the summary table, or "" where none is. ``step_times(mask_study(cfg, data))``
     """
     runs = masked_runs(steps)
     keys = [k for k in run_keys(steps) if k != "method"]
     times = runs.groupby("method", sort=False)["step_time_ms"]
     methods = {m: {"mean": float(t.mean()), "std": float(t.std()), "runs": int(t.size)} for m, t in times}
-    pairs = runs.pivot_table(index=keys, columns="method", values="step_time_ms")
-    slowest = pairs.idxmax(axis=1).value_counts()
-    means = runs.pivot_table(index=[k for k in keys if k != "seed"], columns="method", values="step_time_ms",
-                             aggfunc="mean").idxmax(axis=1)
-    return {"methods": methods, "slowest_runs": {m: int(slowest.get(m, 0)) for m in methods},
-            "pairs": int(len(pairs)), "slowest_every_mean": str(means.iloc[0]) if means.nunique() == 1 else ""}
+    pairs = _slowest(runs.pivot_table(index=keys, columns="method", values="step_time_ms"), tolerance)
+    means = _slowest(runs.pivot_table(index=[k for k in keys if k != "seed"], columns="method",
+                                      values="step_time_ms", aggfunc="mean"), tolerance)
+    return {"methods": methods, "slowest_runs": {m: int((pairs == m).sum()) for m in methods},
+            "about_equal_runs": int((pairs == "").sum()), "pairs": int(len(pairs)), "tolerance": tolerance,
+            "slowest_every_mean": str(means.iloc[0]) if means.nunique() == 1 and means.iloc[0] else ""}
 
 
 def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame, masks: pd.DataFrame,
@@ -344,13 +370,14 @@ METRIC_KINDS = {
     "finetune_skip_time_ratio": "timing_spread",
     "finetune_time_ratio_seeds/*/*_slower": "timing_verdict",
     "finetune_time_ratio_seeds/*/*_side": "timing_verdict", "finetune_time_ratio_seeds/*/seeds": "constant",
-    "finetune_time_ratio_seeds": "timing_spread", "timing_tolerance": "constant",
+    "finetune_time_ratio_seeds": "timing_spread", "timing_tolerance": "constant", "confidence": "constant",
     "keras_traps[*]/error": "message",
     "finetune_trap_changed": "count",
     "decimals/*/step_time_ms": "timing_verdict",
     "mask_step_times/methods/*/mean": "timing", "mask_step_times/methods/*/std": "timing_spread",
     "mask_step_times/methods/*/runs": "constant", "mask_step_times/pairs": "constant",
     "mask_step_times/slowest_runs": "timing_verdict", "mask_step_times/slowest_every_mean": "timing_verdict",
+    "mask_step_times/about_equal_runs": "timing_verdict", "mask_step_times/tolerance": "constant",
 }
 """What each value of study 02's ``metrics.json`` is (``study.report.kinds``); the rest are measured values."""
 

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from study.data import MnistSplits
 from study.gradients.config import STALENESS_OPTIMIZERS, GradientStudyConfig
+from study.intervals import CONFIDENCE, t_interval  # noqa: F401  (re-exported: 04 reads staleness.CONFIDENCE)
 from study.validation import check_choice
 
 
@@ -189,24 +190,6 @@ def final_accuracy(curves: pd.DataFrame) -> pd.DataFrame:
     """One row per run: the test accuracy after the last update. ``final_accuracy(staleness_study(...))``"""
     last = curves["updates"].max()
     return curves[curves["updates"] == last].drop(columns="updates").reset_index(drop=True)
-
-
-CONFIDENCE = 0.95
-"""The level of every confidence interval the staleness study reports (Student's t over seeds, paired by seed)."""
-
-
-def t_interval(values: Any) -> tuple[float, float, float]:
-    """Mean and the ``CONFIDENCE`` Student-t interval of the mean of ``values`` (one per seed): (mean, low, high).
-
-    NaN bounds for fewer than two values. ``t_interval([0.1, 0.2, 0.3])``"""
-    from scipy import stats
-
-    x = np.asarray(values, dtype=float)
-    mean = float(np.mean(x)) if len(x) else float("nan")
-    if len(x) < 2:
-        return mean, float("nan"), float("nan")
-    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, len(x) - 1) * np.std(x, ddof=1) / np.sqrt(len(x)))
-    return mean, mean - half, mean + half
 
 
 def _mean_over_seeds(curves: pd.DataFrame) -> pd.DataFrame:

@@ -205,15 +205,18 @@ def count(x: Any) -> str:
     return f"{int(x):,}"
 
 
-def signed(x: Any, digits: int = 2, decimals: int | None = None) -> str:
+def signed(x: Any, digits: int = 2, decimals: int | None = None, rounding: str = "nearest") -> str:
     """A difference with its sign, to ``digits`` significant digits or exactly ``decimals`` decimals (as a table
-    column shows it). ``signed(-0.0151) == '−0.015'``
+    column shows it); ``rounding`` as ``num``'s, applied to the signed value. ``signed(-0.0151) == '−0.015'``
 
-    >>> signed(-0.0151), signed(0.2), signed(-0.37213, decimals=3)
-    ('−0.015', '+0.2', '−0.372')
+    >>> signed(-0.0151), signed(0.2), signed(-0.37213, decimals=3), signed(-0.0336, 2, 3, "floor")
+    ('−0.015', '+0.2', '−0.372', '−0.034')
     """
     x = _number(x)
-    return ("−" if x < 0 else "+") + (num(abs(x), digits) if decimals is None else fixed(abs(x), decimals))
+    if x < 0:  # the magnitude rounds the other way
+        rounding = {"floor": "ceil", "ceil": "floor"}.get(rounding, rounding)
+    magnitude = num(abs(x), digits, rounding) if decimals is None else fixed(abs(x), decimals, rounding)
+    return ("−" if x < 0 else "+") + magnitude
 
 
 TIMING_TOLERANCE = 0.02
@@ -239,7 +242,8 @@ def timing_side(low: Any, high: Any, tolerance: float = TIMING_TOLERANCE) -> str
     return "about equal"
 
 
-BOUND_STYLES: dict[str, Callable[..., str]] = {"num": num, "sci": sci, "fixed": fixed, "pct": pct, "times": times}
+BOUND_STYLES: dict[str, Callable[..., str]] = {"num": num, "sci": sci, "fixed": fixed, "pct": pct, "times": times,
+                                               "signed": signed}
 """The formats a bound can be written in: ``floor``/``ceil`` take one of these names, then its arguments."""
 
 
