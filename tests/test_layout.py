@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 STUDIES = {"01_adam_drift": "study.drift", "02_mnist_cnn_freezing": "study.cnn", "03_gan_alternating": "study.gan",
            "04_gradients_and_ps": "study.gradients", "05_recipes": "study.recipes"}
 CORE = {"study", "study.data", "study.models", "study.training", "study.optimizers", "study.processes",
-        "study.validation"}
+        "study.validation", "study.intervals"}
 SHARED = ("study.report.prose", "study.report.reporting", "study.report")
 """What a study may import besides the core and itself: the prose filters and the writers of tables and figures."""
 
