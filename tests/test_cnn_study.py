@@ -144,12 +144,13 @@ def test_naive_vs_exact_and_headline_cover_every_row():
 
     masks = cnn.masked_summary(_steps_table(True))
     blocks = cnn.masked_summary(_steps_table(False))
-    trade = cnn.naive_vs_exact(masks)
+    trade = cnn.naive_vs_exact(_steps_table(True))
     assert list(trade.columns) == list(cnn.NAIVE_VS_EXACT_COLUMNS)
     assert trade.loc[0, "share of frozen entry-steps the naive mask moved"] == pytest.approx(10 / 30)
     assert trade.loc[0, "naive accuracy mean"] == pytest.approx(0.55)  # numbers in the CSV, text only for display
     shown = cnn.naive_vs_exact_display(trade)
     assert shown.iloc[0]["naive accuracy (mean ± std)"] == "0.550 ± 0.071"  # the mean to the std's decimal place
+    assert shown.iloc[0]["seeds naive higher"] == "0 of 2" and trade.loc[0, "naive minus hold"] == 0
     assert shown.iloc[0]["share of frozen entry-steps the naive mask moved"] == "33%"
     finetune = pd.DataFrame([{"optimizer": o, "method": m, "seed": s, "acc_new": 0.9, "acc_old": 0.0,
                               "conv_max_abs_delta": 0.0, "conv_changed_entries": 0, "step_time_ms": 1.0}
@@ -274,12 +275,13 @@ def test_hold_against_reset_counts_a_difference_only_where_its_paired_interval_l
     # the committed run's p = 0.5: hold higher in every seed by 0.062, 0.010, 0.074; 3 seeds cannot tell
     loose = cnn.hold_vs_reset(table([0.70, 0.71, 0.72], [0.638, 0.70, 0.646])).iloc[0]
     mean, low, high = intervals.t_interval([0.062, 0.010, 0.074])
-    assert loose["difference"] == pytest.approx(mean) and loose["interval low"] == pytest.approx(low)
+    assert loose["hold minus reset"] == pytest.approx(mean)
+    assert loose["hold minus reset interval low"] == pytest.approx(low)
     assert low < 0 < high and not loose["differs"] and loose["seeds hold higher"] == 3 and loose["seeds"] == 3
     tight = cnn.hold_vs_reset(table([0.70, 0.71, 0.72], [0.65, 0.659, 0.671])).iloc[0]
-    assert tight["differs"] and tight["interval low"] > 0
+    assert tight["differs"] and tight["hold minus reset interval low"] > 0
     worse = cnn.hold_vs_reset(table([0.65, 0.659, 0.671], [0.70, 0.71, 0.72])).iloc[0]
-    assert worse["differs"] and worse["interval high"] < 0 and worse["seeds hold higher"] == 0
+    assert worse["differs"] and worse["hold minus reset interval high"] < 0 and worse["seeds hold higher"] == 0
 
 
 def test_the_naive_and_hold_tables_print_a_mean_as_the_summary_table_does():
@@ -288,12 +290,17 @@ def test_the_naive_and_hold_tables_print_a_mean_as_the_summary_table_does():
     decimals = reporting.column_decimals(summary, ["accuracy"])["accuracy"]
     assert decimals == 4
     shown = cnn.display_table(summary, {"accuracy": "accuracy"}, ["method"])
-    trade = cnn.naive_vs_exact_display(cnn.naive_vs_exact(summary), summary).iloc[0]
+    steps = _steps_table(True)
+    steps.loc[(steps["method"] == "hold") & (steps["step"] == 3), "accuracy"] = [0.8464515, 0.8481485]  # 0.8473±0.0012
+    assert cnn.masked_summary(steps)["accuracy_mean"].tolist() == pytest.approx(summary["accuracy_mean"].tolist())
+    trade = cnn.naive_vs_exact_display(cnn.naive_vs_exact(steps), summary).iloc[0]
     assert trade["naive accuracy (mean ± std)"] == shown.loc["naive", "accuracy"] == "0.5500 ± 0.0707"
     assert trade["hold accuracy (mean ± std)"] == shown.loc["hold", "accuracy"] == "0.8473 ± 0.0012"
     assert trade["naive minus hold"] == "−0.2973"
-    steps = _steps_table(True)
-    steps.loc[(steps["method"] == "hold") & (steps["step"] == 3), "accuracy"] = [0.8461, 0.8485]
+    # the interval's ends, rounded outward (the lower toward -inf, the upper toward +inf)
+    low, high = intervals.t_interval([0.5 - 0.8464515, 0.6 - 0.8481485])[1:]
+    assert trade["95% interval (paired by seed)"] == (f"{prose.signed(low, decimals=4, rounding='floor')} to "
+                                                       f"{prose.signed(high, decimals=4, rounding='ceil')}")
     contrast = cnn.hold_vs_reset(steps.replace({"method": {"naive": "reset"}}))
     assert cnn.hold_vs_reset_display(contrast, summary).iloc[0]["hold"] == "0.8473"
 

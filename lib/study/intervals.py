@@ -32,15 +32,3 @@ def t_interval(values: Any) -> tuple[float, float, float]:
     half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, len(x) - 1) * np.std(x, ddof=1) / np.sqrt(len(x)))
     return mean, mean - half, mean + half
 
-
-def sign_test(higher: int, lower: int) -> float:
-    """Two-sided sign test: the chance of a split at least this uneven between ``higher`` and ``lower`` paired
-    differences (ties left out) if either side were equally likely. 1.0 with no untied pair.
-
-    >>> round(sign_test(9, 0), 4), sign_test(2, 2), sign_test(0, 0)
-    (0.0039, 1.0, 1.0)
-    """
-    from scipy import stats
-
-    n = int(higher) + int(lower)
-    return 1.0 if n == 0 else float(stats.binomtest(int(higher), n, 0.5).pvalue)

@@ -134,47 +134,92 @@ def workload(config: CnnStudyConfig) -> pd.DataFrame:
     return out.map(lambda v: f"{v:,}" if isinstance(v, (int, np.integer)) else v)
 
 
+def _paired_columns(first: str, second: str) -> dict[str, str]:
+    return {
+        f"{first} minus {second}": f"{first} minus {second} in final test accuracy, mean over seeds of each seed's "
+                                   "difference (fraction, -1 to 1)",
+        f"{first} minus {second} interval low": f"lower end of the {CONFIDENCE:.0%} Student-t interval of that "
+                                                "difference, paired by seed (fraction; empty with fewer than 2 seeds)",
+        f"{first} minus {second} interval high": "upper end of the same interval (fraction; empty with fewer than 2 "
+                                                 "seeds)",
+        "seeds": f"seeds run with both {first} and {second} (count)",
+        f"seeds {first} higher": f"seeds in which {first} ended more accurate than {second} (count)",
+        f"seeds {first} lower": f"seeds in which {first} ended less accurate than {second} (count)",
+        "differs": "whether the interval leaves out zero (empty with fewer than 2 seeds)",
+    }
+
+
+def paired_contrast(steps: pd.DataFrame, first: str, second: str) -> pd.DataFrame:
+    """Final accuracy of method ``first`` minus ``second`` per optimizer (and p), paired by seed (both start from
+    the seed's weights and see its batches and masks): the mean difference, its ``CONFIDENCE`` Student-t interval,
+    how many seeds went each way, and whether the interval leaves out zero. ``paired_contrast(steps, "hold", "reset")``
+    """
+    runs = masked_runs(steps)
+    index = [k for k in ("optimizer", "p") if k in runs.columns]
+    columns = [*index, *_paired_columns(first, second)]
+    if not {first, second} <= set(runs["method"]):
+        return pd.DataFrame(columns=columns)
+    paired = runs.pivot_table(index=[*index, "seed"], columns="method", values="accuracy").dropna(
+        subset=[first, second])
+    rows = []
+    for key, group in paired.groupby(level=index, sort=False):
+        diff = group[first] - group[second]
+        mean, low, high = t_interval(diff)
+        rows.append(dict(zip(columns, [*(key if isinstance(key, tuple) else (key,)), mean, low, high, int(len(diff)),
+                                       int((diff > 0).sum()), int((diff < 0).sum()),
+                                       None if len(diff) < 2 else bool(low > 0 or high < 0)])))
+    return pd.DataFrame(rows, columns=columns)
+
+
+def pooled_over_p(steps: pd.DataFrame, first: str, second: str) -> dict[str, dict[str, float]]:
+    """Per optimizer, ``first`` minus ``second`` in final accuracy averaged over every p within each seed, and the
+    ``CONFIDENCE`` Student-t interval over seeds of those averages: one value per seed, since a seed's runs at
+    different p share its weights and batches and are not independent. ``pooled_over_p(steps, "hold", "reset")``"""
+    runs = masked_runs(steps)
+    paired = runs.pivot_table(index=["optimizer", "seed", "p"], columns="method", values="accuracy")
+    if not {first, second} <= set(paired.columns):
+        return {}
+    per_seed = (paired[first] - paired[second]).groupby(level=["optimizer", "seed"], sort=False).mean()
+    out = {}
+    for optimizer, values in per_seed.groupby(level="optimizer", sort=False):
+        mean, low, high = t_interval(values)
+        out[str(optimizer)] = {"mean": mean, "low": low, "high": high, "seeds": int(len(values)),
+                               "seed_min": float(values.min()), "seed_max": float(values.max())}
+    return out
+
+
 HOLD_VS_RESET_COLUMNS = {
     "optimizer": STEP_COLUMNS["optimizer"],
     "p": STEP_COLUMNS["p"],
     "hold": "final test accuracy with policy hold, mean over seeds (fraction, 0-1)",
     "reset": "final test accuracy with policy reset, mean over seeds (fraction, 0-1)",
-    "difference": "hold minus reset, mean over seeds of each seed's difference (fraction, -1 to 1)",
-    "interval low": f"lower end of the {CONFIDENCE:.0%} Student-t interval of the difference, paired by seed "
-                    "(fraction; empty with fewer than 2 seeds)",
-    "interval high": "upper end of the same interval (fraction; empty with fewer than 2 seeds)",
-    "seeds": "seeds run with both policies (count)",
-    "seeds hold higher": "seeds in which hold ended more accurate than reset (count)",
-    "seeds hold lower": "seeds in which hold ended less accurate than reset (count)",
-    "differs": "whether the interval leaves out zero (empty with fewer than 2 seeds)",
+    **_paired_columns("hold", "reset"),
 }
 
 
 def hold_vs_reset(steps: pd.DataFrame) -> pd.DataFrame:
-    """Accuracy of hold minus reset per optimizer and p, paired by seed: the mean difference, its ``CONFIDENCE``
-    Student-t interval, and whether that leaves out zero. ``hold_vs_reset(mask_study(cfg, data))``"""
-    runs = masked_runs(steps)
-    index = [k for k in ("optimizer", "p") if k in runs.columns]
-    columns = [*index, *list(HOLD_VS_RESET_COLUMNS)[2:]]
-    if not {"hold", "reset"} <= set(runs["method"]):
+    """Accuracy of hold and reset per optimizer and p, with ``paired_contrast(steps, "hold", "reset")``.
+    ``hold_vs_reset(mask_study(cfg, data))``"""
+    summary = masked_summary(steps)
+    index = [k for k in ("optimizer", "p") if k in summary.columns]
+    contrast = paired_contrast(steps, "hold", "reset")
+    columns = [*index, *[c for c in HOLD_VS_RESET_COLUMNS if c not in ("optimizer", "p")]]
+    if contrast.empty:
         return pd.DataFrame(columns=columns)
-    paired = runs.pivot_table(index=[*index, "seed"], columns="method", values="accuracy").dropna(
-        subset=["hold", "reset"])
-    rows = []
-    for key, group in paired.groupby(level=index, sort=False):
-        diff = group["hold"] - group["reset"]
-        mean, low, high = t_interval(diff)
-        rows.append({**dict(zip(index, key if isinstance(key, tuple) else (key,))),
-                     "hold": float(group["hold"].mean()), "reset": float(group["reset"].mean()),
-                     "difference": mean, "interval low": low, "interval high": high, "seeds": int(len(diff)),
-                     "seeds hold higher": int((diff > 0).sum()), "seeds hold lower": int((diff < 0).sum()),
-                     "differs": None if len(diff) < 2 else bool(low > 0 or high < 0)})
-    return pd.DataFrame(rows, columns=columns)
+    means = summary.pivot_table(index=index, columns="method", values="accuracy_mean")[["hold", "reset"]]
+    return contrast.merge(means.reset_index(), on=index)[columns]
+
+
+def _interval_text(low: float, high: float, decimals: int) -> str:
+    """``low to high``, each rounded outward (low toward -inf, high toward +inf); "—" where not measured."""
+    if low != low:
+        return "—"
+    return f"{signed(low, decimals=decimals, rounding='floor')} to {signed(high, decimals=decimals, rounding='ceil')}"
 
 
 def hold_vs_reset_display(contrast: pd.DataFrame, summary: pd.DataFrame | None = None) -> pd.DataFrame:
-    """``hold_vs_reset``'s table as the report shows it: the interval as "low to high", ``differs`` as yes / no
-    (— with one seed).
+    """``hold_vs_reset``'s table as the report shows it: the interval as "low to high" (rounded outward),
+    ``differs`` as yes / no (— with one seed).
 
     Accuracies, their difference and the interval at the decimals the summary's accuracy column is shown with
     (``column_decimals(summary)``), so that a mean prints here as in the summary table; three without ``summary``.
@@ -186,10 +231,10 @@ def hold_vs_reset_display(contrast: pd.DataFrame, summary: pd.DataFrame | None =
         out["p"] = [f"{p:g}" for p in out["p"]]
     for column in ("hold", "reset"):
         out[column] = [f"{v:.{decimals}f}" for v in contrast[column]]
-    out["hold − reset"] = [signed(v, decimals=decimals) for v in contrast["difference"]]
+    out["hold − reset"] = [signed(v, decimals=decimals) for v in contrast["hold minus reset"]]
     out[f"{CONFIDENCE:.0%} interval (paired by seed)"] = [
-        "—" if low != low else f"{signed(low, decimals=decimals)} to {signed(high, decimals=decimals)}"
-        for low, high in zip(contrast["interval low"], contrast["interval high"])]
+        _interval_text(low, high, decimals)
+        for low, high in zip(contrast["hold minus reset interval low"], contrast["hold minus reset interval high"])]
     out["seeds hold higher"] = [f"{h} of {n}" for h, n in zip(contrast["seeds hold higher"], contrast["seeds"])]
     out["differs (interval leaves out 0)"] = ["—" if d is None or d != d else ("yes" if d else "no")
                                               for d in contrast["differs"]]
@@ -203,7 +248,7 @@ NAIVE_VS_EXACT_COLUMNS = {
     "naive accuracy std": "final test accuracy of the naive mask, standard deviation over seeds (fraction)",
     "hold accuracy mean": "final test accuracy with MaskedOptimizer(hold), mean over seeds (fraction, 0-1)",
     "hold accuracy std": "final test accuracy with MaskedOptimizer(hold), standard deviation over seeds (fraction)",
-    "naive minus hold": "difference of the means (fraction, -1 to 1); positive: the drifting mask scored higher",
+    **{k: v for k, v in _paired_columns("naive", "hold").items() if k != "differs"},
     "share of frozen entry-steps the naive mask moved": "frozen entries changed / entries frozen, each summed over "
                                                         "all steps (fraction of entry-steps, 0-1; mean over seeds)",
     "naive median step time (ms)": "median wall time of one naive step, mean over seeds (ms)",
@@ -211,23 +256,27 @@ NAIVE_VS_EXACT_COLUMNS = {
 }
 
 
-def naive_vs_exact(summary: pd.DataFrame) -> pd.DataFrame:
-    """Per optimizer and p: what the drifting naive mask gains in accuracy, how much it moved, what exactness costs.
+def naive_vs_exact(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per optimizer and p: what the drifting naive mask gains in accuracy (paired by seed, with its interval), how
+    much it moved, what exactness costs.
 
-    ``naive_vs_exact(masked_summary(mask_study(cfg, data)))``; columns as ``NAIVE_VS_EXACT_COLUMNS``.
+    ``naive_vs_exact(mask_study(cfg, data))``; columns as ``NAIVE_VS_EXACT_COLUMNS``.
     """
-    rows = []
+    summary = masked_summary(steps)
     index = [k for k in ("optimizer", "p") if k in summary.columns]
+    contrast = paired_contrast(steps, "naive", "hold").set_index(index) if not summary.empty else None
+    rows = []
     for key, group in summary.groupby(index, sort=False, dropna=False):
         by = group.set_index("method")
         if not {"naive", "hold"} <= set(by.index):
             continue
         naive, hold = by.loc["naive"], by.loc["hold"]
+        paired = contrast.loc[key]
         row = dict(zip(index, key if isinstance(key, tuple) else (key,)))
         row.update({
             "naive accuracy mean": naive["accuracy_mean"], "naive accuracy std": naive["accuracy_std"],
             "hold accuracy mean": hold["accuracy_mean"], "hold accuracy std": hold["accuracy_std"],
-            "naive minus hold": naive["accuracy_mean"] - hold["accuracy_mean"],
+            **{c: paired[c] for c in _paired_columns("naive", "hold") if c != "differs"},
             "share of frozen entry-steps the naive mask moved": naive["frozen_changed_total_mean"]
             / max(naive["frozen_entries_total_mean"], 1.0),
             "naive median step time (ms)": naive["step_time_ms_mean"],
@@ -258,6 +307,10 @@ def naive_vs_exact_display(trade: pd.DataFrame, summary: pd.DataFrame | None = N
         out[f"{method} accuracy (mean ± std)"] = [
             pm(m, s, decimals=acc) for m, s in zip(trade[f"{method} accuracy mean"], trade[f"{method} accuracy std"])]
     out["naive minus hold"] = [signed(v, decimals=3 if acc is None else acc) for v in trade["naive minus hold"]]
+    out[f"{CONFIDENCE:.0%} interval (paired by seed)"] = [
+        _interval_text(low, high, 3 if acc is None else acc)
+        for low, high in zip(trade["naive minus hold interval low"], trade["naive minus hold interval high"])]
+    out["seeds naive higher"] = [f"{h} of {n}" for h, n in zip(trade["seeds naive higher"], trade["seeds"])]
     out["share of frozen entry-steps the naive mask moved"] = [
         f"{v:.0%}" for v in trade["share of frozen entry-steps the naive mask moved"]]
     for method in ("naive", "hold"):
@@ -385,9 +438,10 @@ METRIC_KINDS = {
 def time_ratios(finetune: pd.DataFrame, optimizers: list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
     """Per optimizer, each seed's step-time ratios ``gate`` / ``var_list``, ``masked_hold`` / ``var_list`` and
     ``masked_hold`` / ``gate`` (each run's median step time; the methods run in turn within a seed), as their range
-    over seeds, and which way each goes (``gate_side``, ``masked_side``, ``masked_vs_gate_side``:
-    ``study.report.prose.timing_side``, "slower"/"faster" only when every seed agrees by more than its tolerance,
-    else "about equal").
+    over seeds, and which way the first two go (``gate_side``, ``masked_side``: ``study.report.prose.timing_side``,
+    "slower"/"faster" only when every seed agrees by more than its tolerance, else "about equal"). ``masked_hold``
+    against ``gate`` is given as its range only: both compute the same backward pass, and their order has flipped
+    between reruns on this machine even with every seed beyond the tolerance.
     """
     from study.report.prose import timing_side
 
@@ -403,6 +457,22 @@ def time_ratios(finetune: pd.DataFrame, optimizers: list[str] | tuple[str, ...])
                   "masked_min": float(masked.min()), "masked_max": float(masked.max()),
                   "masked_vs_gate_min": float(versus.min()), "masked_vs_gate_max": float(versus.max()),
                   "gate_side": timing_side(gate.min(), gate.max()),
-                  "masked_side": timing_side(masked.min(), masked.max()),
-                  "masked_vs_gate_side": timing_side(versus.min(), versus.max())}
+                  "masked_side": timing_side(masked.min(), masked.max())}
+    return out
+
+
+def finetune_contrast(finetune: pd.DataFrame, first: str, second: str,
+                      value: str = "acc_new") -> dict[str, dict[str, Any]]:
+    """Per optimizer, ``value`` of method ``first`` minus ``second`` in the fine-tuning runs, paired by seed: the
+    mean, its ``CONFIDENCE`` Student-t interval, the seeds, and whether every seed's difference is exactly zero.
+    ``finetune_contrast(finetune_study(cfg, data), "gate", "masked_hold")``"""
+    table = finetune.pivot_table(index=["optimizer", "seed"], columns="method", values=value)
+    out: dict[str, dict[str, Any]] = {}
+    if not {first, second} <= set(table.columns):
+        return out
+    for optimizer, t in table.groupby(level="optimizer", sort=False):
+        diff = (t[first] - t[second]).dropna()
+        mean, low, high = t_interval(diff)
+        out[str(optimizer)] = {"mean": mean, "low": low, "high": high, "seeds": int(len(diff)),
+                               "identical": bool((diff == 0).all())}
     return out
