@@ -212,7 +212,8 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
     each bound to ``GAP_DECIMALS`` decimals rounded outward, so an interval that reaches zero only in a decimal not
     printed holds zero. ``rate_dominates_<a>_<b>`` is True where, at every delay with a verdict, the gap at the
     undelayed rates is more than ``RATE_DOMINATES`` times the re-tuned one (``tgap``): there the undelayed-rate gap
-    mostly measures whether the rates chosen without delay survive it. The Adam - SGD
+    mostly measures whether the rates chosen without delay survive it; ``rate_judged_<a>_<b>`` counts those delays
+    (a verdict and a re-tuned gap). The Adam - SGD
     gap is also ``difference_<tau>`` / ``difference_se_<tau>`` (the headline's names), and ``tuned_gap_0`` is
     |Adam - SGD| at tau = 0. ``retuned`` (``staleness.tuned_differences``) adds the same keys under ``tgap``: the
     test accuracy a lost to the delay minus what b lost, each at the rate re-chosen for that tau.
@@ -270,6 +271,7 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
     for a, b in pairs:  # does re-choosing the rates for the delay shrink the gap to a fraction of itself?
         judged = [t for t in taus if t != 0 and out[f"gap_sign_{a}_{b}_{t}"] != "0"
                   and not math.isnan(out.get(f"tgap_{a}_{b}_{t}", NAN))]
+        out[f"rate_judged_{a}_{b}"] = len(judged)
         out[f"rate_dominates_{a}_{b}"] = bool(judged) and all(
             abs(out[f"gap_{a}_{b}_{t}"]) > RATE_DOMINATES * abs(out[f"tgap_{a}_{b}_{t}"]) for t in judged)
     for tau in (0, *taus):
