@@ -156,3 +156,77 @@ def test_readable_tables_separate_thousands():
                                              "bytes": [6422528]}))
     assert list(shown.iloc[0]) == ["fc1/kernel", "25,122", "6,422,528"]
     assert list(shown.columns) == ["variable", "frozen entries", "bytes"]
+
+
+def _gap_frame(low: float, high: float, tau: int = 2, a: str = "muon", b: str = "adamw") -> pd.DataFrame:
+    return pd.DataFrame({"a": [a], "b": [b], "tau": [tau], "mean": [(low + high) / 2], "std": [0.02], "se": [0.01],
+                         "ci_low": [low], "ci_high": [high], "seeds": [4]})
+
+
+@pytest.mark.parametrize("low, high, sign", [
+    (-0.0391, -0.00017, "0"),  # leaves out zero only in the fourth decimal: printed "-0.040 to 0.000", holds zero
+    (-0.0391, -0.0011, "-"),  # printed "-0.040 to -0.001": below zero
+    (0.0004, 0.02, "0"),  # printed "0.000 to +0.020"
+    (0.0011, 0.02, "+"),
+    (-0.02, 0.02, "0"),
+])
+def test_a_gap_verdict_is_read_off_its_interval_as_printed(low, high, sign):
+    from study.gradients import findings
+
+    tuned = pd.DataFrame({"muon": [0.9]}, index=pd.Index([0], name="tau"))
+    q = findings.staleness_numbers(pd.DataFrame(), _gap_frame(low, high), tuned, taus=(2,),
+                                   retuned=_gap_frame(low, high))
+    assert q["gap_sign_muon_adamw_2"] == q["tgap_sign_muon_adamw_2"] == sign
+    assert findings.interval_sign(low, high) == sign
+
+
+def test_interval_bounds_are_rounded_outward_in_the_tables_and_summary():
+    from study.gradients import findings
+
+    frame = _gap_frame(-0.023249, -0.014961, tau=4, a="adam", b="sgd")  # to nearest: -0.023 to -0.015
+    assert list(staleness.difference_display(frame)["95% interval"]) == ["-0.024 to -0.014"]
+    frame = _gap_frame(-0.023249, -0.00017, tau=4, a="adam", b="sgd")
+    assert list(staleness.difference_display(frame)["95% interval"]) == ["-0.024 to 0.000"]
+    check = pd.DataFrame({"optimizer": ["sgd"], "tau": [4], "learning_rate": [0.5], "reached": [2], "seeds": [2],
+                          "slowdown_mean": [2.0], "slowdown_std": [0.1], "drop_mean": [0.3], "drop_std": [0.01],
+                          "drop_ci_low": [0.295149], "drop_ci_high": [0.444012]})
+    assert list(staleness.dai_display(check)["accuracy lost, 95% interval"]) == ["+0.295 to +0.445"]
+    q = {"gap_adam_sgd_4": -0.0141, "gap_low_adam_sgd_4": -0.023249, "gap_high_adam_sgd_4": -0.283961 + 0.28}
+    assert findings.gap_text(q, "gap", "adam", "sgd", 4) == "−0.014 (−0.024 to −0.003)"
+    q = {"quoted": {**{f"gap_{k}_adam_sgd_{t}": v for t in (1, 2, 4, 8)
+                       for k, v in (("low", -0.023249), ("high", -0.00017))},
+                    **{f"gap_adam_sgd_{t}": -0.0117 for t in (1, 2, 4, 8)},
+                    **{f"tgap_{k}_adam_sgd_{t}": v for t in (1, 2, 4, 8)
+                       for k, v in (("low", -0.064001), ("high", -0.035999))},
+                    **{f"tgap_adam_sgd_{t}": -0.05 for t in (1, 2, 4, 8)}},
+         "staleness_gap_pairs": [["adam", "sgd"]], "fetch_costs": {}, "exact_update_max_error": 0.0, "ps": {},
+         "fault_accounting": {"restored_version": 1, "lost_with_ps": 2, "applied_after_restart": 3}}
+    rows = findings.headline(q)
+    undelayed = next(v for k, v in rows.items() if "without delay" in k)
+    retuned = next(v for k, v in rows.items() if "re-chose for each delay" in k)
+    assert "τ = 4: −0.012 (−0.024 to 0.000)" in undelayed
+    assert "τ = 8: −0.050 (−0.065 to −0.035)" in retuned
+
+
+def test_the_widest_gap_interval_is_found_over_every_delay():
+    from study.gradients import findings
+
+    gaps = pd.concat([_gap_frame(-w, w, tau=t, a="adam", b="sgd") for t, w in ((1, 0.037), (2, 0.091), (8, 0.056))])
+    tuned = pd.DataFrame({"adam": [0.9]}, index=pd.Index([0], name="tau"))
+    q = findings.staleness_numbers(pd.DataFrame(), gaps, tuned, taus=(1, 2, 4, 8))
+    assert q["gap_halfwidth_max"] == pytest.approx(0.091) and q["gap_halfwidth_max_tau"] == 2
+
+
+@pytest.mark.parametrize("undelayed, retuned, dominates", [
+    ((-0.36, -0.643), (-0.014, -0.025), True),  # SGD's undelayed rate fails: the gap is mostly the rate
+    ((-0.36, -0.643), (-0.3, -0.5), False),  # re-tuning leaves most of the gap
+])
+def test_a_gap_is_said_to_measure_the_rate_only_where_re_tuning_shrinks_it(undelayed, retuned, dominates):
+    from study.gradients import findings
+
+    def frame(means):
+        return pd.concat([_gap_frame(m - 0.01, m + 0.01, tau=t, a="adam", b="sgd") for t, m in zip((2, 4), means)])
+
+    tuned = pd.DataFrame({"adam": [0.9]}, index=pd.Index([0], name="tau"))
+    q = findings.staleness_numbers(pd.DataFrame(), frame(undelayed), tuned, taus=(2, 4), retuned=frame(retuned))
+    assert q["rate_dominates_adam_sgd"] is dominates

@@ -289,6 +289,13 @@ def test_04_gradients_and_ps_metrics(smoke_results):
     assert {tuple(p) for p in m["staleness_gap_pairs"]} >= {("adagrad", "sgd"), ("muon", "adamw")}
     assert all(g["ci_low"] <= g["mean"] <= g["ci_high"] for g in m["staleness_gaps"])
     assert all(isinstance(v, int) for k, v in m["quoted"].items() if k.startswith("reached_") and v is not None)
+    from study.gradients.findings import interval_sign  # every verdict agrees with its interval as printed
+
+    nan = float("nan")
+    for prefix, rows in (("gap", m["staleness_gaps"]), ("tgap", m["staleness_retuned_gaps"])):
+        for g in rows:
+            low, high = (nan if g[k] is None else g[k] for k in ("ci_low", "ci_high"))
+            assert m["quoted"][f"{prefix}_sign_{g['a']}_{g['b']}_{g['tau']}"] == interval_sign(low, high)
 
 
 @pytest.mark.slow

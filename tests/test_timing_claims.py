@@ -4,6 +4,7 @@ range, and it offers a mechanism only where the mechanism can explain the measur
 on opposite sides (and one in between) and its wording checked."""
 
 import json
+import re
 from pathlib import Path
 
 import nbformat
@@ -163,3 +164,89 @@ def test_02_hold_against_reset_says_the_run_cannot_tell_where_every_interval_hol
     tight = _step_times_text(_mask_steps({(s, p): 1.08 for s in (0, 1, 2) for p in (0.1, 0.5, 0.9)}, spread=0.001))
     assert "so taken over every p together `hold` is ahead" in tight
     assert "clearly better" not in part and "lies above zero" not in part and "never clearly worse" in part
+
+
+def _metrics_04() -> dict:
+    """The committed run's metrics of 04, its quoted values recomputed from its committed tables by this code."""
+    out = REPO / "results" / "04_gradients_and_ps"
+    metrics = json.loads((out / "metrics.json").read_text())
+    table = {name: pd.read_csv(out / f"{name}.csv") for name in (
+        "fetch_costs", "ps_runs", "ps_placement", "n_push_sweep", "staleness_dai_check", "staleness_gaps",
+        "staleness_best_per_tau", "staleness_retuned_gaps")}
+    metrics["quoted"] = findings.quoted(
+        table["fetch_costs"], table["ps_runs"], table["ps_placement"], table["n_push_sweep"],
+        table["staleness_dai_check"], table["staleness_gaps"], table["staleness_best_per_tau"].set_index("tau"),
+        metrics["config"]["staleness_learning_rates"], retuned=table["staleness_retuned_gaps"])
+    return metrics
+
+
+def _ps_runs(cpu_ms: tuple[float, float], share: tuple[float, float], steps: tuple[float, float],
+             std: tuple[float, float]) -> pd.DataFrame:
+    return pd.DataFrame({"workers": [1, 2], "staleness_mean": [0.0, 0.9], "final_accuracy": [0.92, 0.92],
+                         "applied_updates": [64, 64], "worker_cpu_s_per_step": [c / 1e3 for c in cpu_ms],
+                         "worker_cpu_share_min": list(share), "steps_per_s": list(steps),
+                         "steps_per_s_std": list(std)})
+
+
+@pytest.mark.parametrize("runs, said, not_said", [
+    # the committed run: CPU per step 1.17x, shares 0.65 and 0.32, steps/s 1.11x (0.61x to 1.70x over windows)
+    (_ps_runs((26.4, 31.0), (0.65, 0.32), (24.6, 27.2), (2.0, 11.1)),
+     ["grew little", "did not each have a core to themselves", "the windows go both ways", "0.32 with two"],
+     ["contend", "add compute", "more in every window"]),
+    # each worker kept its core and two ran faster in every window
+    (_ps_runs((26.4, 27.0), (0.95, 0.95), (24.0, 46.0), (1.0, 2.0)),
+     ["grew little", "more in every window"],
+     ["contend", "did not each have a core", "go both ways"]),
+])
+def test_04_cluster_finding_reads_cores_off_wall_time_not_cpu_time(runs, said, not_said):
+    metrics = _metrics_04()
+    placement = pd.DataFrame({"variable": ["m/fc1/kernel"], "task": ["ps:0"], "bytes": [1000]})
+    metrics["quoted"].update(findings.cluster_numbers(runs, placement))
+    text = " ".join(prose.fill(_template("04_gradients_and_ps", "CPU time per step was"), metrics).split())
+    for phrase in said:
+        assert phrase in text
+    for phrase in not_said:
+        assert phrase not in text
+
+
+def test_04_staleness_finding_reads_verdicts_off_printed_bounds_and_gives_the_retuned_gaps():
+    metrics = _metrics_04()
+    q = metrics["quoted"]
+    assert q["gap_high_muon_adamw_2"] == pytest.approx(-0.00017, abs=1e-5)  # the committed run's borderline case
+    text = " ".join(prose.fill(_template("04_gradients_and_ps", "Dai et al.: does"), metrics).split())
+    assert "τ = 2: −0.006 (−0.013 to 0.000)" in text  # the upper end rounded up, to an unsigned zero
+    assert "muon loses less than adamw at τ = 4, 8; the run cannot tell muon from adamw at τ = 1, 2" in text
+    assert "muon loses less than adamw at τ = 2" not in text
+    assert "(−0.024 to +0.002)" in text  # adam - sgd at τ = 1: low -0.023249 rounded down, not to -0.023
+    assert "Adam's test accuracy lost to the delay minus SGD's" in text and "τ = 8: −0.050 (" in text
+    assert "Muon's test accuracy lost to the delay minus AdamW's" in text and "τ = 8: −0.066 (" in text
+    assert text.count("mostly measures whether those rates survive the delay") == 2
+    widest = max((t for t in (1, 2, 4, 8)), key=lambda t: q[f"gap_halfwidth_max_{t}"])
+    assert f"{prose.ceil(q['gap_halfwidth_max'], 'fixed', 3)}, at τ = {widest}" in text
+
+
+def test_04_fault_finding_counts_the_updates_a_kill_cost():
+    metrics = _metrics_04()
+    text = " ".join(prose.fill(_template("04_gradients_and_ps", "Each fault cost"), metrics).split())
+    assert "cost the" not in text  # "cost the at least 6 applied after ..."
+    assert re.search(r"updates cost (at least )?\d+ updates, those applied after the checkpoint at \d+", text)
+
+
+@pytest.mark.parametrize("shrink, said, not_said", [
+    (0.1, "mostly measures whether those rates survive the delay", ["leaves more than"]),
+    (0.9, "leaves more than 50% of the gap", ["mostly measures"]),
+])
+def test_04_the_undelayed_gap_is_called_a_rate_effect_only_where_re_tuning_shrinks_it(shrink, said, not_said):
+    metrics = _metrics_04()
+    q = metrics["quoted"]
+    for t in (1, 2, 4, 8):  # the re-tuned gaps: a share `shrink` of the undelayed ones, verdicts kept
+        for part in ("", "low_", "high_"):
+            q[f"tgap_{part}adam_sgd_{t}"] = shrink * q[f"gap_{part}adam_sgd_{t}"]
+    judged = [t for t in (1, 2, 4, 8) if q[f"gap_sign_adam_sgd_{t}"] != "0"]
+    q["rate_dominates_adam_sgd"] = all(abs(q[f"gap_adam_sgd_{t}"]) > q["rate_dominates_factor"]
+                                       * abs(q[f"tgap_adam_sgd_{t}"]) for t in judged)
+    text = " ".join(prose.fill(_template("04_gradients_and_ps", "Dai et al.: does"), metrics).split())
+    dai = text[text.index("*Dai et al."):text.index("*Dean et al.")]
+    assert said in dai
+    for phrase in not_said:
+        assert phrase not in dai

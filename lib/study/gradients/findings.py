@@ -13,9 +13,18 @@ from typing import Any
 
 import pandas as pd
 
-from study.report.prose import TIMING_TOLERANCE, ceil, floor, num, signed, timing_side
+from study.report.prose import TIMING_TOLERANCE, ceil, floor, num, printed_value, signed, timing_side
 
 NAN = float("nan")
+GAP_DECIMALS = 3
+"""Decimals every gap, loss and interval bound of the staleness study is printed with (prose, tables, SUMMARY); a
+verdict is read off the bounds as printed (``interval_sign``)."""
+WORKER_CPU_SMALL = 1.3
+"""A 2-worker / 1-worker ratio of CPU time per step below this is called a small growth of the work in a step (the
+bound notebook 04 asserts on a full-size run)."""
+RATE_DOMINATES = 2.0
+"""A gap at the undelayed rates is said to mostly measure whether those rates survive the delay where, at every delay
+with a verdict, it is more than this many times the gap with the rates re-chosen for that delay."""
 
 
 def _at(frame: pd.DataFrame, row: Any, column: str) -> float:
@@ -76,8 +85,11 @@ def cluster_numbers(ps_runs: pd.DataFrame, placement: pd.DataFrame) -> dict[str,
         out[f"worker_cpu_ms_{w}"] = 1e3 * _at(rows, w, "worker_cpu_s_per_step")
         updates = _at(rows, w, "applied_updates")
         out[f"updates_{w}"] = int(updates) if math.isfinite(updates) else NAN
+        out[f"worker_cpu_share_{w}"] = _at(rows, w, "worker_cpu_share_min")
     out["accuracy_gap"] = abs(out["accuracy_2"] - out["accuracy_1"])
     out["worker_cpu_ratio"] = out["worker_cpu_ms_2"] / out["worker_cpu_ms_1"]
+    out["worker_cpu_small"] = WORKER_CPU_SMALL
+    out.update(throughput_numbers(ps_runs))
     per_variable = placement.groupby("variable", sort=False)["bytes"].agg(["sum", "count"])
     largest = per_variable["sum"].idxmax()
     out["largest_variable"] = str(largest)
@@ -86,6 +98,29 @@ def cluster_numbers(ps_runs: pd.DataFrame, placement: pd.DataFrame) -> dict[str,
     out["model_mb"] = float(placement["bytes"].sum()) / 1e6
     out["mb_per_task"] = [float(b) / 1e6 for b in placement.groupby("task")["bytes"].sum()]
     return out
+
+
+def throughput_numbers(ps_runs: pd.DataFrame) -> dict[str, Any]:
+    """Steps per second with two workers / with one (``steps_ratio``), and its range with each run's mean ± std over
+    its timed windows (``steps_ratio_spread_low`` / ``_high``: the 2-worker low end over the 1-worker high end, and the
+    other way), with which way that whole range goes (``steps_ratio_side``: ``"more"``, ``"fewer"`` or
+    ``"about equal"``, by ``prose.timing_side``). Wall time, unlike CPU time, shows whether the workers got their cores.
+
+    >>> runs = pd.DataFrame({"workers": [1, 2], "steps_per_s": [24.0, 27.0], "steps_per_s_std": [2.0, 11.0]})
+    >>> q = throughput_numbers(runs)
+    >>> round(q["steps_ratio"], 3), round(q["steps_ratio_spread_low"], 3), round(q["steps_ratio_spread_high"], 3)
+    (1.125, 0.615, 1.727)
+    >>> q["steps_ratio_side"]
+    'about equal'
+    """
+    rows = ps_runs.set_index("workers")
+    s1, d1 = _at(rows, 1, "steps_per_s"), _at(rows, 1, "steps_per_s_std")
+    s2, d2 = _at(rows, 2, "steps_per_s"), _at(rows, 2, "steps_per_s_std")
+    low = (s2 - d2) / (s1 + d1)
+    high = (s2 + d2) / (s1 - d1) if s1 - d1 > 0 else math.inf
+    side = {"slower": "more", "faster": "fewer"}.get(timing_side(low, high), "about equal")  # a ratio of rates
+    return {"steps_per_s_1": s1, "steps_per_s_2": s2, "steps_ratio": s2 / s1, "steps_ratio_spread_low": low,
+            "steps_ratio_spread_high": high, "steps_ratio_side": side}
 
 
 def n_push_numbers(sweep: pd.DataFrame, model_mb: float, link_gbit_s: float = 1.0) -> dict[str, Any]:
@@ -119,9 +154,30 @@ def n_push_numbers(sweep: pd.DataFrame, model_mb: float, link_gbit_s: float = 1.
             "sweep_steps": int(by_n.loc[large, "steps"])}
 
 
+def interval_sign(low: float, high: float, decimals: int = GAP_DECIMALS) -> str:
+    """The verdict of a paired difference, read off its interval as the report prints it: each bound to ``decimals``
+    decimals, rounded outward (``low`` toward -inf, ``high`` toward +inf, ``prose.floor``/``ceil``). ``"+"`` when
+    the printed low end is above zero, ``"-"`` when the printed high end is below zero, ``"0"`` otherwise (the
+    interval holds zero: the run cannot tell), also where a bound is NaN (not measured). So an interval that only
+    leaves out zero in a decimal the report does not print counts as holding zero, and no verdict contradicts the
+    interval printed beside it.
+
+    >>> interval_sign(-0.039, -0.00017), interval_sign(-0.039, -0.0011), interval_sign(0.0004, 0.02)
+    ('0', '-', '0')
+    >>> interval_sign(0.0011, 0.02), interval_sign(float("nan"), float("nan"))
+    ('+', '0')
+    """
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "0"
+    shown_low = printed_value(floor(low, "signed", 2, decimals))
+    shown_high = printed_value(ceil(high, "signed", 2, decimals))
+    return "+" if shown_low > 0 else "-" if shown_high < 0 else "0"
+
+
 def _gaps(frame: pd.DataFrame, prefix: str, taus: Sequence[int]) -> dict[str, Any]:
     """``<prefix>_<a>_<b>_<tau>`` (mean), ``<prefix>_se_…``, ``<prefix>_low_…``, ``<prefix>_high_…`` and
-    ``<prefix>_sign_…`` ("+" interval above zero, "-" below, "0" holds zero or not measured) for every pair."""
+    ``<prefix>_sign_…`` (``interval_sign``: "+" the printed interval is above zero, "-" below, "0" it holds zero or
+    was not measured) for every pair."""
     d = frame.set_index(["a", "b", "tau"]) if len(frame) else pd.DataFrame()
     pairs = list(dict.fromkeys(zip(frame["a"], frame["b"]))) if len(frame) else []
     out: dict[str, Any] = {}
@@ -132,7 +188,7 @@ def _gaps(frame: pd.DataFrame, prefix: str, taus: Sequence[int]) -> dict[str, An
             out[f"{prefix}_se_{key}"] = _at(d, (a, b, tau), "se")
             low, high = out[f"{prefix}_low_{key}"], out[f"{prefix}_high_{key}"] = (_at(d, (a, b, tau), "ci_low"),
                                                                                   _at(d, (a, b, tau), "ci_high"))
-            out[f"{prefix}_sign_{key}"] = "+" if low > 0 else "-" if high < 0 else "0"  # NaN: "0", cannot tell
+            out[f"{prefix}_sign_{key}"] = interval_sign(low, high)  # NaN: "0", cannot tell
     return out
 
 
@@ -150,7 +206,14 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
     ``lr_at_edge_<opt>``; for every pair of ``differences``: ``gap_<a>_<b>_<tau>`` (a's accuracy lost minus b's,
     paired by seed), ``gap_se_…``, ``gap_low_…``/``gap_high_…`` (its 95% interval) and ``gap_sign_…`` (``"+"`` when
     the interval is above zero, ``"-"`` below, ``"0"`` when it holds zero: the run cannot tell), and
-    ``gap_halfwidth_max_<tau>`` (the widest of those intervals at that delay, as a half-width). The Adam - SGD
+    ``gap_halfwidth_max_<tau>`` (the widest of those intervals at that delay, as a half-width), with the widest
+    over every delay (``gap_halfwidth_max``) and its delay (``gap_halfwidth_max_tau``). ``drop_sign_<opt>_<tau>``
+    is the drop's verdict, read like a gap's. Every verdict is ``interval_sign``'s: read off the interval as printed,
+    each bound to ``GAP_DECIMALS`` decimals rounded outward, so an interval that reaches zero only in a decimal not
+    printed holds zero. ``rate_dominates_<a>_<b>`` is True where, at every delay with a verdict, the gap at the
+    undelayed rates is more than ``RATE_DOMINATES`` times the re-tuned one (``tgap``): there the undelayed-rate gap
+    mostly measures whether the rates chosen without delay survive it; ``rate_judged_<a>_<b>`` counts those delays
+    (a verdict and a re-tuned gap). The Adam - SGD
     gap is also ``difference_<tau>`` / ``difference_se_<tau>`` (the headline's names), and ``tuned_gap_0`` is
     |Adam - SGD| at tau = 0. ``retuned`` (``staleness.tuned_differences``) adds the same keys under ``tgap``: the
     test accuracy a lost to the delay minus what b lost, each at the rate re-chosen for that tau.
@@ -184,6 +247,7 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
             for name, column in (("slowdown", "slowdown_mean"), ("slowdown_std", "slowdown_std"),
                                  ("drop", "drop_mean"), ("drop_low", "drop_ci_low"), ("drop_high", "drop_ci_high")):
                 out[f"{name}_{o}_{tau}"] = _at(at, (tau, o), column)
+            out[f"drop_sign_{o}_{tau}"] = interval_sign(out[f"drop_low_{o}_{tau}"], out[f"drop_high_{o}_{tau}"])
             reached = _at(at, (tau, o), "reached")  # a count: an integer where measured
             out[f"reached_{o}_{tau}"] = int(reached) if math.isfinite(reached) else NAN
             out[f"tuned_{o}_{tau}"] = _at(tuned, tau, o)
@@ -199,6 +263,17 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
         widths = [(out[f"gap_high_{a}_{b}_{tau}"] - out[f"gap_low_{a}_{b}_{tau}"]) / 2 for a, b in pairs]
         widths = [w for w in widths if not math.isnan(w)]
         out[f"gap_halfwidth_max_{tau}"] = max(widths) if widths else NAN
+    delayed = [t for t in taus if t != 0 and not math.isnan(out[f"gap_halfwidth_max_{t}"])]
+    widest = max(delayed, key=lambda t: out[f"gap_halfwidth_max_{t}"]) if delayed else NAN
+    out["gap_halfwidth_max"] = out[f"gap_halfwidth_max_{widest}"] if delayed else NAN
+    out["gap_halfwidth_max_tau"] = widest
+    out["rate_dominates_factor"] = RATE_DOMINATES
+    for a, b in pairs:  # does re-choosing the rates for the delay shrink the gap to a fraction of itself?
+        judged = [t for t in taus if t != 0 and out[f"gap_sign_{a}_{b}_{t}"] != "0"
+                  and not math.isnan(out.get(f"tgap_{a}_{b}_{t}", NAN))]
+        out[f"rate_judged_{a}_{b}"] = len(judged)
+        out[f"rate_dominates_{a}_{b}"] = bool(judged) and all(
+            abs(out[f"gap_{a}_{b}_{t}"]) > RATE_DOMINATES * abs(out[f"tgap_{a}_{b}_{t}"]) for t in judged)
     for tau in (0, *taus):
         out[f"difference_{tau}"] = out[f"gap_adam_sgd_{tau}"]
         out[f"difference_se_{tau}"] = out[f"gap_se_adam_sgd_{tau}"]
@@ -217,6 +292,29 @@ def quoted(costs: pd.DataFrame, ps_runs: pd.DataFrame, placement: pd.DataFrame, 
     out.update(n_push_numbers(sweep, out["model_mb"]))
     out.update(staleness_numbers(check, differences, tuned, grids, retuned=retuned))
     return {k: (NAN if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
+
+
+def gap_text(q: Mapping[str, Any], prefix: str, a: str, b: str, tau: int) -> str:
+    """One gap as SUMMARY shows it: the mean, and its interval with each bound rounded outward (``GAP_DECIMALS``).
+
+    >>> q = {"gap_adam_sgd_4": -0.0141, "gap_low_adam_sgd_4": -0.023249, "gap_high_adam_sgd_4": -0.00017}
+    >>> gap_text(q, "gap", "adam", "sgd", 4)
+    '−0.014 (−0.024 to 0.000)'
+    """
+    key = f"{a}_{b}_{tau}"
+    low, high = (bound_text(q[f"{prefix}_low_{key}"], "floor"), bound_text(q[f"{prefix}_high_{key}"], "ceil"))
+    return f"{signed(q[f'{prefix}_{key}'], decimals=GAP_DECIMALS)} ({low} to {high})"
+
+
+def bound_text(x: float, rounding: str) -> str:
+    """An interval bound as the report prints it: signed, ``GAP_DECIMALS`` decimals, rounded outward (``"floor"``
+    for a low end, ``"ceil"`` for a high end); one that rounds to zero prints unsigned.
+
+    >>> bound_text(-0.023249, "floor"), bound_text(-0.283961, "ceil"), bound_text(-0.00017, "ceil")
+    ('−0.024', '−0.283', '0.000')
+    """
+    text = (floor if rounding == "floor" else ceil)(x, "signed", 2, GAP_DECIMALS)
+    return text[1:] if printed_value(text) == 0 else text
 
 
 def headline(metrics: dict[str, Any]) -> dict[str, str]:
@@ -238,16 +336,17 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
             f"{r['steps_per_s']:.1f} ± {r['steps_per_s_std']:.1f} / {r['final_accuracy']:.3f} / "
             f"{r['staleness_mean']:.2f}")
     q = metrics.get("quoted", {})
+    rows = (("gap", "the rate the validation split chose without delay", "lost"),
+            ("tgap", "the rate the validation split re-chose for each delay", "lost to the delay"))
     for pair in metrics.get("staleness_gap_pairs", [["adam", "sgd"]]):
         a, b = pair
-        shown = [f"τ = {tau}: {signed(q[f'gap_{a}_{b}_{tau}'], decimals=3)} "
-                 f"({signed(q[f'gap_low_{a}_{b}_{tau}'], decimals=3)}"
-                 f" to {signed(q[f'gap_high_{a}_{b}_{tau}'], decimals=3)})" for tau in (1, 2, 4, 8)
-                 if isinstance(q.get(f"gap_high_{a}_{b}_{tau}"), float) and math.isfinite(q[f"gap_high_{a}_{b}_{tau}"])]
-        if shown:
-            out[f"staleness, each optimizer at the rate the validation split chose without delay: {a}'s test accuracy "
-                f"lost minus {b}'s, paired by seed (mean and 95% interval; negative: {a} loses less)"] = "; ".join(
-                shown)
+        for prefix, rate, lost in rows:
+            shown = [f"τ = {tau}: {gap_text(q, prefix, a, b, tau)}" for tau in (1, 2, 4, 8)
+                     if isinstance(q.get(f"{prefix}_high_{a}_{b}_{tau}"), float)
+                     and math.isfinite(q[f"{prefix}_high_{a}_{b}_{tau}"])]
+            if shown:
+                out[f"staleness, each optimizer at {rate}: {a}'s test accuracy {lost} minus {b}'s, paired by seed "
+                    f"(mean and 95% interval, bounds rounded outward; negative: {a} loses less)"] = "; ".join(shown)
     f = metrics["fault_accounting"]
     out["faults: updates in the last checkpoint restored / lost with the ps / applied after the last restart"] = \
         f"{f['restored_version']} / {f['lost_with_ps']} / {f['applied_after_restart']}"
@@ -275,6 +374,9 @@ METRIC_KINDS = {
     "quoted/tf1_eval_per_variable": "timing_ratio", "quoted/eager_*": "timing_ratio",
     "quoted/function_*": "timing_ratio",
     "quoted/worker_cpu_ms*": "timing", "quoted/worker_cpu_ratio": "timing_ratio", "quoted/ps_cpu_ratio": "timing_ratio",
+    "quoted/worker_cpu_share_*": "timing_ratio", "quoted/worker_cpu_small": "constant",
+    "quoted/rate_dominates_factor": "constant",
+    "quoted/steps_per_s_*": "timing", "quoted/steps_ratio": "timing_ratio",
     "quoted/link_gbit_s": "constant", "quoted/timing_tolerance": "constant",
     "confidence": "constant", "staleness_gap_pairs": "constant", "quoted/transfer_s": "constant",
     "quoted/largest_variable*": "constant",

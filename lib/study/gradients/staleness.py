@@ -400,8 +400,19 @@ def dai_display(check: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _bound(x: float, rounding: str) -> str:
+    """One interval bound to 3 decimals, rounded outward (``rounding``: ``"floor"`` for a low end, ``"ceil"`` for a
+    high end), signed; a bound that rounds to zero prints ``0.000``. ``_bound(-0.023249, "floor") == '-0.024'``"""
+    from study.report.prose import fixed
+
+    text = fixed(x, 3, rounding)
+    return "0.000" if float(text) == 0 else text if text.startswith("-") else f"+{text}"
+
+
 def _interval(lows: Any, highs: Any) -> list[str]:
-    return [f"{low:+.3f} to {high:+.3f}" if np.isfinite(low) and np.isfinite(high) else "—"
+    """Each interval as "low to high", its bounds rounded outward, so the printed interval holds the computed one
+    (and a verdict read off it, ``findings.interval_sign``, agrees with what the table shows)."""
+    return [f"{_bound(low, 'floor')} to {_bound(high, 'ceil')}" if np.isfinite(low) and np.isfinite(high) else "—"
             for low, high in zip(lows, highs)]
 
 
