@@ -209,7 +209,8 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
     rows = [
         ("freeze whole layers for the whole run (fine-tuning)", "layer.trainable = False, then compile (or a var_list)",
          "exact: frozen layers get no gradient and no optimizer state",
-         f"cheapest: no gradient for frozen layers; {ft_time('var_list')}", "none",
+         "no gradient or optimizer update for frozen layers; " + ("; ".join(
+             ft_time(m) for m in ("trainable_recompile", "var_list") if ft.get(f"adam/{m}")) or missing), "none",
          ft_cell("trainable_recompile") if ft else missing),
         ("change which layers train during one fit (gradual unfreezing)",
          "MaskedOptimizer(hold) + MaskSchedule.gradual_unfreezing" + (" + SkipFrozen" if skip3 else ""),
