@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from freezing import MaskedOptimizer, _keras_api, slots
+from freezing import MaskedOptimizer, _keras_api, _write_path, slots
+from freezing._tuning import WriteTuning
 from freezing._write_path import ELEMENTWISE
 
 SPECIAL = np.array([1e-40, -1e-39, -0.0, np.inf, -np.inf, np.nan, 3.0, -2.0], np.float32)
@@ -87,6 +88,37 @@ def test_fit_keeps_special_frozen_bits(jit):
     assert (bits(kernel.numpy())[~keep] == before[~keep]).all()
     assert (bits(kernel.numpy())[keep] != before[keep]).all()
 
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_the_fused_write_copies_special_frozen_bits_of_every_float_width(dtype, monkeypatch):
+    """The fused write selects the bit patterns (as integers of the value's width): frozen subnormals, -0.0, inf and
+    NaN keep their bits in the variable and its slots, and every entry has the bits TensorFlow's own ops give."""
+    width = np.dtype(tf.as_dtype(dtype).as_numpy_dtype)
+    tiny = {"float16": 2e-7, "bfloat16": 1e-40, "float32": 1e-40, "float64": 1e-310}[dtype]  # a subnormal of each
+    start = np.array([tiny, -tiny, -0.0, np.inf, -np.inf, np.nan, 3.0, -2.0]).astype(width)
+    grad = tf.constant([tiny, 2.0, -3.0, 1.0, 0.5, 0.25, 1.0, -1.0], dtype)
+    out = {}
+    for fuse_above in (1 << 40, 1):
+        monkeypatch.setattr(_write_path, "DEFAULT_TUNING", WriteTuning(fuse_above=fuse_above))
+        w = keras.Variable(start, dtype=dtype, name="w")
+        opt = MaskedOptimizer(keras.optimizers.AdamW(0.1, weight_decay=0.1))
+        opt.build([w])
+        state = [w] + list(slots(opt, w).values())
+        for slot in state[1:]:
+            slot.assign(np.where(KEEP, np.abs(slot.numpy()), start))
+        opt.set_mask(w, KEEP)
+        before = [np.asarray(t.numpy()).view(f"u{width.itemsize}") for t in state]
+        step = tf.function(lambda: opt.apply_gradients([(grad, w)]))
+        for _ in range(3):
+            step()
+        assert bool(w.value.assign.fused) == (fuse_above == 1)  # the XLA-compiled writes the guard made
+        after = [np.asarray(t.numpy()).view(f"u{width.itemsize}") for t in state]
+        for b, a in zip(before, after):
+            assert (a[~KEEP] == b[~KEEP]).all(), (dtype, fuse_above, a, b)
+        assert (after[0][KEEP] != before[0][KEEP]).all()
+        out[fuse_above] = after
+    assert all((a == b).all() for a, b in zip(out[1 << 40], out[1])), dtype
 
 def test_trainable_entries_get_plain_keras_bits():
     """Where every entry trains, the masked update is Keras' own: the same bits, optimizer by optimizer."""
