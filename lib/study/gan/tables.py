@@ -113,7 +113,7 @@ METRIC_KINDS = {
     "config": "constant", "freezing_version": "constant", "data_source": "constant", "network_sizes": "constant",
     "trained": "constant",
     "on_page_step": "count", "runs/**/single_class_runs": "count", "random_gates_single_class_runs": "count",
-    "random_gates_runs": "count", "classifier_test_accuracy": "accuracy",
+    "random_gates_runs": "count", "random_gates/runs_all": "count", "classifier_test_accuracy": "accuracy",
     "runs/**/time_per_iteration_ms": "timing", "runs/**/time_per_iteration_ms_std": "timing_spread",
     "duration_s": "timing",
     "unknown_variable_trap[*]/outcome": "message",
