@@ -289,3 +289,33 @@ def test_04_throughput_verdict_needs_every_window_not_a_std_band():
     assert q["steps_ratio_side"] == "not recorded"  # the old code said "more" off (mean - std) / (mean + std)
     both = _ps_runs((1, 1), (1, 1), (30.0, 43.0), (1.0, 3.0), ((28.0, 33.0), (31.0, 47.0)))
     assert findings.throughput_numbers(both)["steps_ratio_side"] == "about equal"
+
+
+def _staleness_text(metrics: dict) -> str:
+    return " ".join(prose.fill(_template("04_gradients_and_ps", "Dai et al.: does"), metrics).split())
+
+
+def test_04_a_retuned_verdict_at_a_grid_edge_is_provisional_and_so_is_deans_conclusion():
+    metrics = _metrics_04()  # committed run: at τ = 8 SGD's re-chosen 0.02 and Adam's/AdamW's 0.0003 are grid edges
+    q = metrics["quoted"]
+    assert q["tgap_provisional_adagrad_sgd_8"] and q["tgap_edge_adagrad_sgd_8"] == ["sgd 0.02"]
+    assert not q["tgap_provisional_adagrad_sgd_4"]  # no verdict there: nothing to call provisional
+    text = _staleness_text(metrics)
+    assert text.count("The verdict at τ = 8 with the rates re-chosen is provisional") == 3  # adam, adagrad, muon
+    assert "Adagrad tolerates the longest delay run here better than SGD" not in text  # the old, unqualified verdict
+    assert "Adagrad may tolerate the longest delay run here better than SGD, but only provisionally" in text
+    assert "with the rates re-chosen as well (provisionally" in text
+    for key in [k for k in q if k.startswith("tgap_provisional_")]:  # every re-chosen rate inside its grid
+        q[key] = False
+    text = _staleness_text(metrics)
+    assert "provisional" not in text.replace("is called provisional", "")
+    assert "Adagrad tolerates the longest delay run here better than SGD" in text
+
+
+def test_04_the_staleness_finding_counts_its_intervals_and_names_the_weak_verdicts():
+    metrics = _metrics_04()
+    text = _staleness_text(metrics)
+    assert "hold 40 intervals of gaps at a delay" in text and "about 2 of 40" in text
+    assert "adam − sgd at τ = 4, rates re-chosen (−0.047 to −0.002)" in text  # ends 0.0028 from zero, half-width 0.022
+    assert "adagrad − sgd at τ = 8" not in text  # a clear verdict is not called weak
+    assert "at no delay" not in text and "at none of the delays" in text  # "no delay" reads as τ = 0

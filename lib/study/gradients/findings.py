@@ -25,7 +25,7 @@ bound notebook 04 asserts on a full-size run)."""
 RATE_DOMINATES = 2.0
 """A gap at the undelayed rates is said to mostly measure whether those rates survive the delay where, at every delay
 with a verdict, it is more than this many times the gap with the rates re-chosen for that delay."""
-WEAK_SHARE = 0.1
+WEAK_SHARE = 0.25
 """A verdict is called weak where its interval's end nearer zero lies within this share of the interval's half-width
 of zero: at 95% each, about one in twenty intervals of a gap whose true value is zero leaves out zero by chance, and
 those that do mostly end near it."""
@@ -332,9 +332,11 @@ def _weak(q: Mapping[str, Any], pairs: Sequence[tuple[str, str]], taus: Sequence
     ``weak_verdict_count``): the interval leaves out zero, but its end nearer zero is within ``WEAK_SHARE`` of its
     half-width of zero.
 
-    >>> q = {"gap_sign_a_b_1": "-", "gap_low_a_b_1": -0.047, "gap_high_a_b_1": -0.002}
+    >>> q = {"gap_sign_a_b_1": "-", "gap_low_a_b_1": -0.0465, "gap_high_a_b_1": -0.0028}
     >>> _weak(q, [("a", "b")], (1,))["weak_verdicts"]
     ['a − b at τ = 1, undelayed rates (−0.047 to −0.002)']
+    >>> _weak({**q, "gap_high_a_b_1": -0.0120}, [("a", "b")], (1,))["weak_verdict_count"]
+    0
     """
     read, weak = 0, []
     for prefix, rates in (("tgap", "rates re-chosen"), ("gap", "undelayed rates")):
