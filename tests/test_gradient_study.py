@@ -248,3 +248,20 @@ def test_a_verdict_near_zero_is_weak_and_one_at_a_grid_edge_provisional():
     inside = findings.staleness_numbers(check, gaps, tuned, {"adam": [0.0001, 0.01, 0.1], "sgd": [0.01, 0.5, 1.0]},
                                         (4,), retuned)
     assert not inside["tgap_provisional_adam_sgd_4"] and inside["tgap_edge_adam_sgd_4"] == []
+
+
+def test_summary_puts_the_retuned_gaps_first_and_labels_the_undelayed_ones_by_the_notebooks_logic():
+    metrics = {"quoted": {**{f"{p}_{k}_adam_sgd_{t}": v for p in ("gap", "tgap") for t in (1, 8)
+                             for k, v in (("low", -0.3), ("high", -0.2))},
+                          **{f"{p}_adam_sgd_{t}": -0.25 for p in ("gap", "tgap") for t in (1, 8)},
+                          "rate_dominates_adam_sgd": True, "tgap_provisional_adam_sgd_8": True},
+               "staleness_gap_pairs": [["adam", "sgd"]], "fetch_costs": {}, "exact_update_max_error": 0.0, "ps": {},
+               "fault_accounting": {"restored_version": 1, "lost_with_ps": 2, "applied_after_restart": 3}}
+    keys = [k for k in findings.headline(metrics) if k.startswith("staleness")]
+    assert "re-chose for each delay" in keys[0] and "without delay" in keys[1]  # the re-chosen rates first
+    assert "mostly measures whether the rates chosen without delay survive it" in keys[1]
+    rows = findings.headline(metrics)
+    assert rows[keys[0]].endswith("τ = 8: −0.250 (−0.300 to −0.200) (provisional: a re-chosen rate at its grid's edge)")
+    assert "provisional" not in rows[keys[0]].split(";")[0]
+    metrics["quoted"]["rate_dominates_adam_sgd"] = False
+    assert not any("mostly measures" in k for k in findings.headline(metrics))
