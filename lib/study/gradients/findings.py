@@ -241,7 +241,9 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
     printed holds zero. ``rate_dominates_<a>_<b>`` is True where, at every delay with a verdict, the gap at the
     undelayed rates is more than ``RATE_DOMINATES`` times the re-tuned one (``tgap``): there the undelayed-rate gap
     mostly measures whether the rates chosen without delay survive it; ``rate_judged_<a>_<b>`` counts those delays
-    (a verdict and a re-tuned gap). The Adam - SGD
+    (a verdict and a re-tuned gap). ``tgap_provisional_<a>_<b>_<tau>`` marks a re-tuned verdict where a re-chosen
+    rate is an edge of its grid (``_provisional``), and ``intervals_read`` / ``weak_verdicts`` count the gap
+    intervals and name the verdicts that only just leave out zero (``_weak``). The Adam - SGD
     gap is also ``difference_<tau>`` / ``difference_se_<tau>`` (the headline's names), and ``tuned_gap_0`` is
     |Adam - SGD| at tau = 0. ``retuned`` (``staleness.tuned_differences``) adds the same keys under ``tgap``: the
     test accuracy a lost to the delay minus what b lost, each at the rate re-chosen for that tau.
