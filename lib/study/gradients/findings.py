@@ -25,6 +25,9 @@ bound notebook 04 asserts on a full-size run)."""
 RATE_DOMINATES = 2.0
 """A gap at the undelayed rates is said to mostly measure whether those rates survive the delay where, at every delay
 with a verdict, it is more than this many times the gap with the rates re-chosen for that delay."""
+CPU_SIDE_FACTOR = 2.0
+"""In the ``n_push`` sweep, the ps tasks' growth of CPU time per step is said to be larger than the workers' (as a
+ratio, or in ms) where it is more than this many times theirs, and the other way round; otherwise alike."""
 WEAK_SHARE = 0.25
 """A verdict is called weak where its interval's end nearer zero lies within this share of the interval's half-width
 of zero: at 95% each, about one in twenty intervals of a gap whose true value is zero leaves out zero by chance, and
@@ -145,6 +148,7 @@ def n_push_numbers(sweep: pd.DataFrame, model_mb: float, link_gbit_s: float = 1.
     ``_largest``, ``worker_cpu_ms_smallest`` / ``_largest``), how much it grows from the largest ``n`` to the
     smallest as a ratio (``ps_cpu_ratio``, ``worker_cpu_ratio_n``) and in ms (``ps_cpu_ms_added``,
     ``worker_cpu_ms_added``): a small ratio on a large base can be as many ms as a large ratio on a small one.
+    ``cpu_ratio_side`` and ``cpu_ms_side`` say which side grew more, by each measure (``_cpu_side``).
     ``transfer_s`` is the time the model's bytes take one way over a ``link_gbit_s`` link (arithmetic, not measured).
 
     >>> sweep = pd.DataFrame({"n_push": [1, 8], "ps_cpu_s_per_step": [0.02, 0.005], "steps": [128, 128],
@@ -156,18 +160,22 @@ def n_push_numbers(sweep: pd.DataFrame, model_mb: float, link_gbit_s: float = 1.
     >>> round(q["ps_cpu_ms_added"], 3), round(q["worker_cpu_ms_added"], 3)
     (15.0, -5.0)
     """
-    out: dict[str, Any] = {"transfer_s": model_mb * 8e6 / (link_gbit_s * 1e9), "link_gbit_s": link_gbit_s}
+    out: dict[str, Any] = {"transfer_s": model_mb * 8e6 / (link_gbit_s * 1e9), "link_gbit_s": link_gbit_s,
+                           "cpu_side_factor": CPU_SIDE_FACTOR}
     ends = ("ps_cpu_ms_smallest", "ps_cpu_ms_largest", "worker_cpu_ms_smallest", "worker_cpu_ms_largest",
             "ps_cpu_ms_added", "worker_cpu_ms_added", "worker_cpu_ratio_n")
     if len(sweep) < 2:
         return {**out, "ps_cpu_ratio": NAN, "worker_cpu_ms_min": NAN, "worker_cpu_ms_max": NAN,
                 "staleness_min": NAN, "staleness_max": NAN, "n_smallest": NAN, "n_largest": NAN,
-                "updates_smallest": NAN, "updates_largest": NAN, "sweep_steps": NAN, **dict.fromkeys(ends, NAN)}
+                "updates_smallest": NAN, "updates_largest": NAN, "sweep_steps": NAN, **dict.fromkeys(ends, NAN),
+                "cpu_ratio_side": "not measured", "cpu_ms_side": "not measured"}
     by_n = sweep.set_index("n_push")
     small, large = by_n.index.min(), by_n.index.max()
     ps_small, ps_large = (1e3 * float(by_n.loc[n, "ps_cpu_s_per_step"]) for n in (small, large))
     w_small, w_large = (1e3 * float(by_n.loc[n, "worker_cpu_s_per_step"]) for n in (small, large))
     return {**out,
+            "cpu_ratio_side": _cpu_side(ps_small / ps_large - 1, w_small / w_large - 1),
+            "cpu_ms_side": _cpu_side(ps_small - ps_large, w_small - w_large),
             "ps_cpu_ratio": ps_small / ps_large,
             "ps_cpu_ms_smallest": ps_small, "ps_cpu_ms_largest": ps_large, "ps_cpu_ms_added": ps_small - ps_large,
             "worker_cpu_ms_smallest": w_small, "worker_cpu_ms_largest": w_large,
@@ -180,6 +188,19 @@ def n_push_numbers(sweep: pd.DataFrame, model_mb: float, link_gbit_s: float = 1.
             "updates_smallest": int(by_n.loc[small, "applied_updates"]),
             "updates_largest": int(by_n.loc[large, "applied_updates"]),
             "sweep_steps": int(by_n.loc[large, "steps"])}
+
+
+def _cpu_side(ps_growth: float, worker_growth: float, factor: float = CPU_SIDE_FACTOR) -> str:
+    """Which side's CPU time per step grew more: ``"ps"`` where the ps tasks' growth is more than ``factor`` times
+    the workers', ``"workers"`` the other way, ``"alike"`` otherwise, ``"not measured"`` where either is NaN.
+
+    >>> _cpu_side(4.87, 0.32), _cpu_side(10.0, 7.9), _cpu_side(1.0, 5.0), _cpu_side(float("nan"), 1.0)
+    ('ps', 'alike', 'workers', 'not measured')
+    """
+    if not (math.isfinite(ps_growth) and math.isfinite(worker_growth)):
+        return "not measured"
+    return "ps" if ps_growth > factor * worker_growth else "workers" if worker_growth > factor * ps_growth \
+        else "alike"
 
 
 def interval_sign(low: float, high: float, decimals: int = GAP_DECIMALS) -> str:
@@ -456,7 +477,8 @@ METRIC_KINDS = {
     "quoted/function_*": "timing_ratio",
     "quoted/worker_cpu_ms*": "timing", "quoted/worker_cpu_ratio": "timing_ratio",
     "quoted/worker_cpu_ratio_n": "timing_ratio", "quoted/ps_cpu_ratio": "timing_ratio",
-    "quoted/ps_cpu_ms*": "timing",
+    "quoted/ps_cpu_ms*": "timing", "quoted/cpu_*_side": "timing_verdict",
+    "quoted/cpu_side_factor": "constant",
     "quoted/worker_cpu_share_*": "timing_ratio", "quoted/worker_cpu_small": "constant",
     "quoted/rate_dominates_factor": "constant", "quoted/weak_share": "constant",
     "quoted/weak_verdicts": "message", "quoted/tgap_edge_*": "message",
