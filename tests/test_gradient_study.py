@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from study.data import load_mnist
-from study.gradients import fetch, staleness
+from study.gradients import fetch, findings, staleness
 from study.gradients.config import GradientStudyConfig
 
 
@@ -230,3 +230,38 @@ def test_a_gap_is_said_to_measure_the_rate_only_where_re_tuning_shrinks_it(undel
     tuned = pd.DataFrame({"adam": [0.9]}, index=pd.Index([0], name="tau"))
     q = findings.staleness_numbers(pd.DataFrame(), frame(undelayed), tuned, taus=(2, 4), retuned=frame(retuned))
     assert q["rate_dominates_adam_sgd"] is dominates
+
+
+def test_a_verdict_near_zero_is_weak_and_one_at_a_grid_edge_provisional():
+    check = pd.DataFrame({"tau": [0, 0, 4, 4], "optimizer": ["adam", "sgd", "adam", "sgd"],
+                          "learning_rate": [0.01, 0.5, 0.01, 0.5]})
+    tuned = pd.DataFrame({"adam": [0.9, 0.8], "adam_lr": [0.01, 0.001], "sgd": [0.9, 0.8], "sgd_lr": [0.5, 0.02]},
+                         index=pd.Index([0, 4], name="tau"))
+    gaps = pd.DataFrame({"a": ["adam"], "b": ["sgd"], "tau": [4], "mean": [-0.3], "se": [0.02],
+                         "ci_low": [-0.35], "ci_high": [-0.25]})
+    retuned = gaps.assign(mean=-0.025, ci_low=-0.0465, ci_high=-0.0028)
+    q = findings.staleness_numbers(check, gaps, tuned, {"adam": [0.001, 0.01, 0.1], "sgd": [0.02, 0.5, 1.0]},
+                                   (4,), retuned)
+    assert q["intervals_read"] == 2 and q["weak_verdict_count"] == 1
+    assert q["weak_verdicts"] == ["adam − sgd at τ = 4, rates re-chosen (−0.047 to −0.002)"]
+    assert q["tgap_provisional_adam_sgd_4"] and q["tgap_edge_adam_sgd_4"] == ["adam 0.001", "sgd 0.02"]
+    inside = findings.staleness_numbers(check, gaps, tuned, {"adam": [0.0001, 0.01, 0.1], "sgd": [0.01, 0.5, 1.0]},
+                                        (4,), retuned)
+    assert not inside["tgap_provisional_adam_sgd_4"] and inside["tgap_edge_adam_sgd_4"] == []
+
+
+def test_summary_puts_the_retuned_gaps_first_and_labels_the_undelayed_ones_by_the_notebooks_logic():
+    metrics = {"quoted": {**{f"{p}_{k}_adam_sgd_{t}": v for p in ("gap", "tgap") for t in (1, 8)
+                             for k, v in (("low", -0.3), ("high", -0.2))},
+                          **{f"{p}_adam_sgd_{t}": -0.25 for p in ("gap", "tgap") for t in (1, 8)},
+                          "rate_dominates_adam_sgd": True, "tgap_provisional_adam_sgd_8": True},
+               "staleness_gap_pairs": [["adam", "sgd"]], "fetch_costs": {}, "exact_update_max_error": 0.0, "ps": {},
+               "fault_accounting": {"restored_version": 1, "lost_with_ps": 2, "applied_after_restart": 3}}
+    keys = [k for k in findings.headline(metrics) if k.startswith("staleness")]
+    assert "re-chose for each delay" in keys[0] and "without delay" in keys[1]  # the re-chosen rates first
+    assert "mostly measures whether the rates chosen without delay survive it" in keys[1]
+    rows = findings.headline(metrics)
+    assert rows[keys[0]].endswith("τ = 8: −0.250 (−0.300 to −0.200) (provisional: a re-chosen rate at its grid's edge)")
+    assert "provisional" not in rows[keys[0]].split(";")[0]
+    metrics["quoted"]["rate_dominates_adam_sgd"] = False
+    assert not any("mostly measures" in k for k in findings.headline(metrics))

@@ -45,6 +45,8 @@ COLUMNS = {  # every table of study 04: column -> meaning (unit)
     "applied_updates": "pushes applied on the ps tasks (count; one per n_push steps of a worker)",
     "steps_per_s": "minibatches per second of all workers together, after the warm-up (1/s)",
     "steps_per_s_std": "std of steps_per_s over 4 equal windows of the run (1/s)",
+    "steps_per_s_window_min": "steps_per_s in the slowest of those 4 windows (1/s)",
+    "steps_per_s_window_max": "steps_per_s in the fastest of those 4 windows (1/s)",
     "updates_per_s": "updates applied per second after the warm-up (1/s)",
     "staleness_mean": "mean over pushes of the updates other workers applied between a push's fetch and the push "
                       "(updates)",

@@ -25,6 +25,13 @@ bound notebook 04 asserts on a full-size run)."""
 RATE_DOMINATES = 2.0
 """A gap at the undelayed rates is said to mostly measure whether those rates survive the delay where, at every delay
 with a verdict, it is more than this many times the gap with the rates re-chosen for that delay."""
+CPU_SIDE_FACTOR = 2.0
+"""In the ``n_push`` sweep, the ps tasks' growth of CPU time per step is said to be larger than the workers' (as a
+ratio, or in ms) where it is more than this many times theirs, and the other way round; otherwise alike."""
+WEAK_SHARE = 0.25
+"""A verdict is called weak where its interval's end nearer zero lies within this share of the interval's half-width
+of zero: at 95% each, about one in twenty intervals of a gap whose true value is zero leaves out zero by chance, and
+those that do mostly end near it."""
 
 
 def _at(frame: pd.DataFrame, row: Any, column: str) -> float:
@@ -101,31 +108,47 @@ def cluster_numbers(ps_runs: pd.DataFrame, placement: pd.DataFrame) -> dict[str,
 
 
 def throughput_numbers(ps_runs: pd.DataFrame) -> dict[str, Any]:
-    """Steps per second with two workers / with one (``steps_ratio``), and its range with each run's mean ± std over
-    its timed windows (``steps_ratio_spread_low`` / ``_high``: the 2-worker low end over the 1-worker high end, and the
-    other way), with which way that whole range goes (``steps_ratio_side``: ``"more"``, ``"fewer"`` or
-    ``"about equal"``, by ``prose.timing_side``). Wall time, unlike CPU time, shows whether the workers got their cores.
+    """Steps per second with two workers / with one (``steps_ratio``, the ratio of the runs' means), each run's mean
+    and std over its timed windows (``steps_per_s_<w>``, ``steps_per_s_std_<w>``), and, where the runs record their
+    slowest and fastest window (``steps_per_s_window_min`` / ``_max``), the window-against-window range
+    ``steps_ratio_windows_low`` (the slowest 2-worker window over the fastest 1-worker window) to
+    ``steps_ratio_windows_high`` (the fastest over the slowest), with which way that whole range goes
+    (``steps_ratio_side``: ``"more"`` when every 2-worker window beat every 1-worker window, ``"fewer"``, or
+    ``"about equal"``, by ``prose.timing_side``). Without those columns the side is ``"not recorded"``: a mean ± std
+    band over a few windows says nothing about every window, so no verdict is read off it. Wall time, unlike CPU
+    time, shows whether the workers got their cores.
 
-    >>> runs = pd.DataFrame({"workers": [1, 2], "steps_per_s": [24.0, 27.0], "steps_per_s_std": [2.0, 11.0]})
+    >>> runs = pd.DataFrame({"workers": [1, 2], "steps_per_s": [24.0, 40.0], "steps_per_s_std": [2.0, 3.0],
+    ...                      "steps_per_s_window_min": [22.0, 36.0], "steps_per_s_window_max": [27.0, 44.0]})
     >>> q = throughput_numbers(runs)
-    >>> round(q["steps_ratio"], 3), round(q["steps_ratio_spread_low"], 3), round(q["steps_ratio_spread_high"], 3)
-    (1.125, 0.615, 1.727)
-    >>> q["steps_ratio_side"]
-    'about equal'
+    >>> round(q["steps_ratio"], 3), round(q["steps_ratio_windows_low"], 3), q["steps_ratio_side"]
+    (1.667, 1.333, 'more')
+    >>> throughput_numbers(runs.drop(columns=["steps_per_s_window_min", "steps_per_s_window_max"]))["steps_ratio_side"]
+    'not recorded'
     """
     rows = ps_runs.set_index("workers")
     s1, d1 = _at(rows, 1, "steps_per_s"), _at(rows, 1, "steps_per_s_std")
     s2, d2 = _at(rows, 2, "steps_per_s"), _at(rows, 2, "steps_per_s_std")
-    low = (s2 - d2) / (s1 + d1)
-    high = (s2 + d2) / (s1 - d1) if s1 - d1 > 0 else math.inf
-    side = {"slower": "more", "faster": "fewer"}.get(timing_side(low, high), "about equal")  # a ratio of rates
-    return {"steps_per_s_1": s1, "steps_per_s_2": s2, "steps_ratio": s2 / s1, "steps_ratio_spread_low": low,
-            "steps_ratio_spread_high": high, "steps_ratio_side": side}
+    low = _at(rows, 2, "steps_per_s_window_min") / _at(rows, 1, "steps_per_s_window_max")
+    slowest_1 = _at(rows, 1, "steps_per_s_window_min")
+    high = _at(rows, 2, "steps_per_s_window_max") / slowest_1 if slowest_1 > 0 else NAN
+    if math.isfinite(low) and math.isfinite(high):
+        side = {"slower": "more", "faster": "fewer"}.get(timing_side(low, high), "about equal")  # a ratio of rates
+    else:
+        side = "not recorded"
+    return {"steps_per_s_1": s1, "steps_per_s_2": s2, "steps_per_s_std_1": d1, "steps_per_s_std_2": d2,
+            "steps_ratio": s2 / s1, "steps_ratio_windows_low": low, "steps_ratio_windows_high": high,
+            "steps_ratio_side": side}
 
 
 def n_push_numbers(sweep: pd.DataFrame, model_mb: float, link_gbit_s: float = 1.0) -> dict[str, Any]:
     """The ``n_push`` sweep at its two ends: ps and worker CPU per step, staleness, updates; a transfer's time.
 
+    CPU time per step (ms, per minibatch) at the smallest and the largest ``n`` (``ps_cpu_ms_smallest`` /
+    ``_largest``, ``worker_cpu_ms_smallest`` / ``_largest``), how much it grows from the largest ``n`` to the
+    smallest as a ratio (``ps_cpu_ratio``, ``worker_cpu_ratio_n``) and in ms (``ps_cpu_ms_added``,
+    ``worker_cpu_ms_added``): a small ratio on a large base can be as many ms as a large ratio on a small one.
+    ``cpu_ratio_side`` and ``cpu_ms_side`` say which side grew more, by each measure (``_cpu_side``).
     ``transfer_s`` is the time the model's bytes take one way over a ``link_gbit_s`` link (arithmetic, not measured).
 
     >>> sweep = pd.DataFrame({"n_push": [1, 8], "ps_cpu_s_per_step": [0.02, 0.005], "steps": [128, 128],
@@ -134,16 +157,29 @@ def n_push_numbers(sweep: pd.DataFrame, model_mb: float, link_gbit_s: float = 1.
     >>> q = n_push_numbers(sweep, model_mb=13.0)
     >>> q["ps_cpu_ratio"], q["updates_smallest"], q["updates_largest"], round(q["transfer_s"], 3)
     (4.0, 128, 16, 0.104)
+    >>> round(q["ps_cpu_ms_added"], 3), round(q["worker_cpu_ms_added"], 3)
+    (15.0, -5.0)
     """
-    out: dict[str, Any] = {"transfer_s": model_mb * 8e6 / (link_gbit_s * 1e9), "link_gbit_s": link_gbit_s}
+    out: dict[str, Any] = {"transfer_s": model_mb * 8e6 / (link_gbit_s * 1e9), "link_gbit_s": link_gbit_s,
+                           "cpu_side_factor": CPU_SIDE_FACTOR}
+    ends = ("ps_cpu_ms_smallest", "ps_cpu_ms_largest", "worker_cpu_ms_smallest", "worker_cpu_ms_largest",
+            "ps_cpu_ms_added", "worker_cpu_ms_added", "worker_cpu_ratio_n")
     if len(sweep) < 2:
         return {**out, "ps_cpu_ratio": NAN, "worker_cpu_ms_min": NAN, "worker_cpu_ms_max": NAN,
                 "staleness_min": NAN, "staleness_max": NAN, "n_smallest": NAN, "n_largest": NAN,
-                "updates_smallest": NAN, "updates_largest": NAN, "sweep_steps": NAN}
+                "updates_smallest": NAN, "updates_largest": NAN, "sweep_steps": NAN, **dict.fromkeys(ends, NAN),
+                "cpu_ratio_side": "not measured", "cpu_ms_side": "not measured"}
     by_n = sweep.set_index("n_push")
     small, large = by_n.index.min(), by_n.index.max()
+    ps_small, ps_large = (1e3 * float(by_n.loc[n, "ps_cpu_s_per_step"]) for n in (small, large))
+    w_small, w_large = (1e3 * float(by_n.loc[n, "worker_cpu_s_per_step"]) for n in (small, large))
     return {**out,
-            "ps_cpu_ratio": float(by_n.loc[small, "ps_cpu_s_per_step"] / by_n.loc[large, "ps_cpu_s_per_step"]),
+            "cpu_ratio_side": _cpu_side(ps_small / ps_large - 1, w_small / w_large - 1),
+            "cpu_ms_side": _cpu_side(ps_small - ps_large, w_small - w_large),
+            "ps_cpu_ratio": ps_small / ps_large,
+            "ps_cpu_ms_smallest": ps_small, "ps_cpu_ms_largest": ps_large, "ps_cpu_ms_added": ps_small - ps_large,
+            "worker_cpu_ms_smallest": w_small, "worker_cpu_ms_largest": w_large,
+            "worker_cpu_ms_added": w_small - w_large, "worker_cpu_ratio_n": w_small / w_large,
             "worker_cpu_ms_min": 1e3 * float(by_n["worker_cpu_s_per_step"].min()),
             "worker_cpu_ms_max": 1e3 * float(by_n["worker_cpu_s_per_step"].max()),
             "staleness_min": float(by_n["staleness_mean"].min()),
@@ -152,6 +188,19 @@ def n_push_numbers(sweep: pd.DataFrame, model_mb: float, link_gbit_s: float = 1.
             "updates_smallest": int(by_n.loc[small, "applied_updates"]),
             "updates_largest": int(by_n.loc[large, "applied_updates"]),
             "sweep_steps": int(by_n.loc[large, "steps"])}
+
+
+def _cpu_side(ps_growth: float, worker_growth: float, factor: float = CPU_SIDE_FACTOR) -> str:
+    """Which side's CPU time per step grew more: ``"ps"`` where the ps tasks' growth is more than ``factor`` times
+    the workers', ``"workers"`` the other way, ``"alike"`` otherwise, ``"not measured"`` where either is NaN.
+
+    >>> _cpu_side(4.87, 0.32), _cpu_side(10.0, 7.9), _cpu_side(1.0, 5.0), _cpu_side(float("nan"), 1.0)
+    ('ps', 'alike', 'workers', 'not measured')
+    """
+    if not (math.isfinite(ps_growth) and math.isfinite(worker_growth)):
+        return "not measured"
+    return "ps" if ps_growth > factor * worker_growth else "workers" if worker_growth > factor * ps_growth \
+        else "alike"
 
 
 def interval_sign(low: float, high: float, decimals: int = GAP_DECIMALS) -> str:
@@ -213,7 +262,9 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
     printed holds zero. ``rate_dominates_<a>_<b>`` is True where, at every delay with a verdict, the gap at the
     undelayed rates is more than ``RATE_DOMINATES`` times the re-tuned one (``tgap``): there the undelayed-rate gap
     mostly measures whether the rates chosen without delay survive it; ``rate_judged_<a>_<b>`` counts those delays
-    (a verdict and a re-tuned gap). The Adam - SGD
+    (a verdict and a re-tuned gap). ``tgap_provisional_<a>_<b>_<tau>`` marks a re-tuned verdict where a re-chosen
+    rate is an edge of its grid (``_provisional``), and ``intervals_read`` / ``weak_verdicts`` count the gap
+    intervals and name the verdicts that only just leave out zero (``_weak``). The Adam - SGD
     gap is also ``difference_<tau>`` / ``difference_se_<tau>`` (the headline's names), and ``tuned_gap_0`` is
     |Adam - SGD| at tau = 0. ``retuned`` (``staleness.tuned_differences``) adds the same keys under ``tgap``: the
     test accuracy a lost to the delay minus what b lost, each at the rate re-chosen for that tau.
@@ -268,6 +319,8 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
     out["gap_halfwidth_max"] = out[f"gap_halfwidth_max_{widest}"] if delayed else NAN
     out["gap_halfwidth_max_tau"] = widest
     out["rate_dominates_factor"] = RATE_DOMINATES
+    out.update(_provisional(out, pairs, taus))
+    out.update(_weak(out, pairs, taus))
     for a, b in pairs:  # does re-choosing the rates for the delay shrink the gap to a fraction of itself?
         judged = [t for t in taus if t != 0 and out[f"gap_sign_{a}_{b}_{t}"] != "0"
                   and not math.isnan(out.get(f"tgap_{a}_{b}_{t}", NAN))]
@@ -279,6 +332,49 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
         out[f"difference_se_{tau}"] = out[f"gap_se_adam_sgd_{tau}"]
     out["tuned_gap_0"] = abs(out.get("tuned_adam_0", NAN) - out.get("tuned_sgd_0", NAN))
     return out
+
+
+def _provisional(q: Mapping[str, Any], pairs: Sequence[tuple[str, str]], taus: Sequence[int]) -> dict[str, Any]:
+    """``tgap_provisional_<a>_<b>_<tau>``: True where the re-tuned gap has a verdict and either side's re-chosen rate
+    is an edge of its grid (a rate beyond it might change the verdict), and ``tgap_edge_<a>_<b>_<tau>``: the
+    optimizers whose rate is at an edge there, as ``"<opt> <rate>"``."""
+    out: dict[str, Any] = {}
+    for a, b in pairs:
+        for tau in (0, *taus):
+            key = f"{a}_{b}_{tau}"
+            edge = [f"{o} {num(q.get(f'tuned_lr_{o}_{tau}', NAN))}" for o in (a, b)
+                    if q.get(f"tuned_at_edge_{o}_{tau}") == 1]
+            out[f"tgap_edge_{key}"] = edge
+            out[f"tgap_provisional_{key}"] = bool(edge) and q.get(f"tgap_sign_{key}", "0") != "0"
+    return out
+
+
+def _weak(q: Mapping[str, Any], pairs: Sequence[tuple[str, str]], taus: Sequence[int]) -> dict[str, Any]:
+    """How many gap intervals at a delay the section's tables hold (``intervals_read``: both kinds of gap, every pair
+    and delay measured), and the verdicts among them that are weak (``weak_verdicts``, one text each, and
+    ``weak_verdict_count``): the interval leaves out zero, but its end nearer zero is within ``WEAK_SHARE`` of its
+    half-width of zero.
+
+    >>> q = {"gap_sign_a_b_1": "-", "gap_low_a_b_1": -0.0465, "gap_high_a_b_1": -0.0028}
+    >>> _weak(q, [("a", "b")], (1,))["weak_verdicts"]
+    ['a − b at τ = 1, undelayed rates (−0.047 to −0.002)']
+    >>> _weak({**q, "gap_high_a_b_1": -0.0120}, [("a", "b")], (1,))["weak_verdict_count"]
+    0
+    """
+    read, weak = 0, []
+    for prefix, rates in (("tgap", "rates re-chosen"), ("gap", "undelayed rates")):
+        for a, b in pairs:
+            for tau in taus:
+                key = f"{a}_{b}_{tau}"
+                low, high = q.get(f"{prefix}_low_{key}", NAN), q.get(f"{prefix}_high_{key}", NAN)
+                if tau == 0 or not (math.isfinite(low) and math.isfinite(high)):
+                    continue
+                read += 1
+                near = min(abs(low), abs(high))  # the end nearer zero
+                if q.get(f"{prefix}_sign_{key}", "0") != "0" and near < WEAK_SHARE * (high - low) / 2:
+                    weak.append(f"{a} − {b} at τ = {tau}, {rates} ({bound_text(low, 'floor')} to "
+                                f"{bound_text(high, 'ceil')})")
+    return {"intervals_read": read, "weak_verdicts": weak, "weak_verdict_count": len(weak), "weak_share": WEAK_SHARE}
 
 
 def quoted(costs: pd.DataFrame, ps_runs: pd.DataFrame, placement: pd.DataFrame, sweep: pd.DataFrame,
@@ -336,17 +432,23 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
             f"{r['steps_per_s']:.1f} ± {r['steps_per_s_std']:.1f} / {r['final_accuracy']:.3f} / "
             f"{r['staleness_mean']:.2f}")
     q = metrics.get("quoted", {})
-    rows = (("gap", "the rate the validation split chose without delay", "lost"),
-            ("tgap", "the rate the validation split re-chose for each delay", "lost to the delay"))
+    rows = (("tgap", "the rate the validation split re-chose for each delay", "lost to the delay"),
+            ("gap", "the rate the validation split chose without delay", "lost"))  # the re-chosen rates first
     for pair in metrics.get("staleness_gap_pairs", [["adam", "sgd"]]):
         a, b = pair
         for prefix, rate, lost in rows:
-            shown = [f"τ = {tau}: {gap_text(q, prefix, a, b, tau)}" for tau in (1, 2, 4, 8)
+            shown = [f"τ = {tau}: {gap_text(q, prefix, a, b, tau)}"
+                     + (" (provisional: a re-chosen rate at its grid's edge)"
+                        if prefix == "tgap" and q.get(f"tgap_provisional_{a}_{b}_{tau}") else "")
+                     for tau in (1, 2, 4, 8)
                      if isinstance(q.get(f"{prefix}_high_{a}_{b}_{tau}"), float)
                      and math.isfinite(q[f"{prefix}_high_{a}_{b}_{tau}"])]
+            note = ("; mostly measures whether the rates chosen without delay survive it, not how the optimizers "
+                    "tolerate late gradients" if prefix == "gap" and q.get(f"rate_dominates_{a}_{b}") else "")
             if shown:
                 out[f"staleness, each optimizer at {rate}: {a}'s test accuracy {lost} minus {b}'s, paired by seed "
-                    f"(mean and 95% interval, bounds rounded outward; negative: {a} loses less)"] = "; ".join(shown)
+                    f"(mean and 95% interval, bounds rounded outward; negative: {a} loses less{note})"] = \
+                    "; ".join(shown)
     f = metrics["fault_accounting"]
     out["faults: updates in the last checkpoint restored / lost with the ps / applied after the last restart"] = \
         f"{f['restored_version']} / {f['lost_with_ps']} / {f['applied_after_restart']}"
@@ -373,9 +475,14 @@ METRIC_KINDS = {
     "quoted/*_spread_*": "timing_spread", "quoted/*_side": "timing_verdict",  # before the ratios they belong to
     "quoted/tf1_eval_per_variable": "timing_ratio", "quoted/eager_*": "timing_ratio",
     "quoted/function_*": "timing_ratio",
-    "quoted/worker_cpu_ms*": "timing", "quoted/worker_cpu_ratio": "timing_ratio", "quoted/ps_cpu_ratio": "timing_ratio",
+    "quoted/worker_cpu_ms*": "timing", "quoted/worker_cpu_ratio": "timing_ratio",
+    "quoted/worker_cpu_ratio_n": "timing_ratio", "quoted/ps_cpu_ratio": "timing_ratio",
+    "quoted/ps_cpu_ms*": "timing", "quoted/cpu_*_side": "timing_verdict",
+    "quoted/cpu_side_factor": "constant",
     "quoted/worker_cpu_share_*": "timing_ratio", "quoted/worker_cpu_small": "constant",
-    "quoted/rate_dominates_factor": "constant",
+    "quoted/rate_dominates_factor": "constant", "quoted/weak_share": "constant",
+    "quoted/weak_verdicts": "message", "quoted/tgap_edge_*": "message",
+    "quoted/steps_per_s_std_*": "timing_spread", "quoted/steps_ratio_windows_*": "timing_spread",
     "quoted/steps_per_s_*": "timing", "quoted/steps_ratio": "timing_ratio",
     "quoted/link_gbit_s": "constant", "quoted/timing_tolerance": "constant",
     "confidence": "constant", "staleness_gap_pairs": "constant", "quoted/transfer_s": "constant",

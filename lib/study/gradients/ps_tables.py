@@ -47,6 +47,8 @@ def ps_row(label: str, result: Mapping[str, Any]) -> dict[str, Any]:
             "n_fetch": cfg["n_fetch"], "n_push": cfg["n_push"], "steps": result["returned_steps"],
             "applied_updates": result["applied_updates"], "steps_per_s": result.get("steps_per_s"),
             "steps_per_s_std": float(np.std(rates, ddof=1)) if len(rates) > 1 else float("nan"),
+            "steps_per_s_window_min": float(np.min(np.asarray(rates, dtype=float))),  # None: NaN
+            "steps_per_s_window_max": float(np.max(np.asarray(rates, dtype=float))),
             "updates_per_s": result.get("updates_per_s"),
             "staleness_mean": float(staleness.mean()), "staleness_max": int(staleness.max()),
             "final_accuracy": result["final_accuracy"],
