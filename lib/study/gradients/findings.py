@@ -427,8 +427,8 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
     error = metrics["exact_update_max_error"]
     out["max |x_after - (x_before - lr*T(g))| on the CNN"] = "0 (exact)" if error == 0 else f"{error:.1e}"
     for w, r in metrics["ps"].items():
-        out[f"Downpour CNN, {w} worker{'s' * (int(w) > 1)}: steps/s (mean ± std over timed windows) / final test "
-            f"accuracy / mean staleness (updates)"] = (
+        out[f"Downpour CNN, {w} worker{'s' * (int(w) > 1)}: steps/s (chief's clock, ± std of the windows) / "
+            f"final test accuracy / mean staleness (updates)"] = (
             f"{r['steps_per_s']:.1f} ± {r['steps_per_s_std']:.1f} / {r['final_accuracy']:.3f} / "
             f"{r['staleness_mean']:.2f}")
     q = metrics.get("quoted", {})

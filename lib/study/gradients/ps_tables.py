@@ -79,7 +79,8 @@ def placement_table(result: Mapping[str, Any]) -> pd.DataFrame:
 RUN_DISPLAY = {  # ps_table column -> the report's header (units in parentheses); CPU seconds are shown in ms
     "workers": "workers", "n_push": "n_fetch = n_push", "steps": "steps (minibatches)",
     "applied_updates": "updates applied",
-    "steps_per_s": "steps/s (mean ± std over timed windows)", "staleness_mean": "mean staleness (updates)",
+    "steps_per_s": "steps/s (chief's clock, timed span; ± std of the windows, workers' clocks)",
+    "staleness_mean": "mean staleness (updates)",
     "staleness_max": "max staleness (updates)", "final_accuracy": "final test accuracy",
     "worker_cpu_s_per_step": "worker CPU per step (ms)", "ps_cpu_s_per_step": "ps CPU per step (ms)",
     "worker_cpu_share_min": "smallest share of a core a worker got",

@@ -278,7 +278,8 @@ def method_table(metrics: Mapping[str, Any], results_dir: str | Path) -> pd.Data
          "exact only where a zero gradient gives a zero update: "
          + (f"in 01, {', '.join(kept01)} (of {n_opt} optimizers)" if kept01 else "plain SGD, Adagrad")
          + "; not momentum, Adam or weight decay",
-         (f"{ft_time('gate')} vs {ft_time('var_list')}: the frozen layers' zero gradients are still computed; "
+         (f"{ft_time('gate')} vs {ft_time('var_list')} (the gate still computes the frozen layers' zero gradients: a "
+          "likely reason, not timed apart in 02); "
           "05 recipe 5: " + _times({m: (recipe(r5, k, "step_time_ms"), recipe(r5, k, "step_time_ms_std"))
                                     for m, k in (("naive gate", "naive_gate"), ("exact", "exact"))}))
          if ft else missing, "none",
