@@ -328,3 +328,25 @@ def test_masked_skip_fine_tunes_as_recompiling_with_trainable_false_does_and_kee
     assert rows.loc["masked_skip", "conv_changed_entries"] == 0
     assert rows.loc["masked_skip", "acc_new"] == rows.loc["trainable_recompile", "acc_new"]
     assert rows.loc["masked_skip", "acc_old"] == rows.loc["trainable_recompile", "acc_old"]
+
+
+def test_summary_rows_give_each_paired_difference_with_its_interval_and_verdict():
+    import pandas as pd
+
+    steps = _steps_table(True)  # naive 0.5 / 0.6 and hold 0.5 / 0.6 by seed: identical in every seed
+    blocks = _steps_table(False)
+    finetune = pd.DataFrame([{"optimizer": "adam", "method": "var_list", "seed": s, "acc_new": 0.9, "acc_old": 0.0,
+                              "conv_max_abs_delta": 0.0, "conv_changed_entries": 0, "step_time_ms": 1.0}
+                             for s in (0, 1)])
+    head = cnn.headline(cnn.CnnStudyConfig(seeds=[0, 1]), cnn.finetune_summary(finetune),
+                        pd.DataFrame(columns=list(cnn.TRAP_COLUMNS)), cnn.masked_summary(steps),
+                        cnn.masked_summary(blocks), "synthetic", mask_steps=steps, block_steps=blocks)
+    row = "masks p=0.5 adam: naive minus hold, final test accuracy (mean over seeds; 95% interval, paired by seed)"
+    assert head[row].endswith("identical in every seed)")
+    apart = steps.copy()
+    apart.loc[(apart["method"] == "naive") & (apart["step"] == 3), "accuracy"] = [0.71, 0.8]  # +0.21, +0.20
+    head = cnn.headline(cnn.CnnStudyConfig(seeds=[0, 1]), cnn.finetune_summary(finetune),
+                        pd.DataFrame(columns=list(cnn.TRAP_COLUMNS)), cnn.masked_summary(apart),
+                        cnn.masked_summary(blocks), "synthetic", mask_steps=apart, block_steps=blocks)
+    assert head[row].endswith("; leaves out zero)") and head[row].startswith("+0.2")
+    assert "blocks adam: hold minus naive, final test accuracy" in " | ".join(head)

@@ -350,12 +350,14 @@ def step_times(steps: pd.DataFrame, tolerance: float = TIMING_TOLERANCE) -> dict
 
 
 def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame, masks: pd.DataFrame,
-             blocks: pd.DataFrame, source: str, mask_times: Mapping[str, Any] | None = None) -> dict[str, str]:
+             blocks: pd.DataFrame, source: str, mask_times: Mapping[str, Any] | None = None,
+             mask_steps: pd.DataFrame | None = None, block_steps: pd.DataFrame | None = None) -> dict[str, str]:
     """The numbers ``results/SUMMARY.md`` shows: every section, every optimizer and method, mean ± std over seeds.
 
     ``headline(cfg, finetune_summary(f), traps, masked_summary(m), masked_summary(b), data.source, step_times(m))``
-    (``mask_times``: the masks' step times as the prose quotes them). Keys name
-    their units; step times sit under keys containing "time" (left out when reruns are compared).
+    (``mask_times``: the masks' step times as the prose quotes them; ``mask_steps``, ``block_steps``: the steps
+    tables, for each comparison of two methods paired by seed with its interval). Keys name their units; step
+    times sit under keys containing "time" (left out when reruns are compared).
     """
     seeds = len(config.seeds)
     out = {"data": source, "seeds per row": str(seeds),
@@ -397,12 +399,27 @@ def headline(config: CnnStudyConfig, finetune: pd.DataFrame, traps: pd.DataFrame
             out[f"masks {name}: step time (ms; mean ± std over the p's of each p's mean over seeds), "
                 + " / ".join(methods)] = " / ".join(format_mean_std(times.loc[m, "mean"], times.loc[m, "std"])
                                                     for m in methods)
-    acc = common_decimals(list(blocks["accuracy_mean"]), list(blocks["accuracy_std"])) if len(blocks) else None
+    decimals = {"masks": acc}  # each section's accuracy decimals, for its paired differences below
+    acc = decimals["blocks"] = (common_decimals(list(blocks["accuracy_mean"]), list(blocks["accuracy_std"]))
+                                if len(blocks) else None)
     for r in blocks.itertuples():
         out[f"blocks {r.optimizer}/{r.method}: final test accuracy (fraction) / resting entries changed, "
             f"summed over {config.block_steps} steps (count of entry-steps)"] = (
             f"{format_mean_std(r.accuracy_mean, r.accuracy_std, decimals=acc)} / "
             f"{format_count(r.frozen_changed_total_mean, r.frozen_changed_total_std)}")
+    for name, steps, pairs in (("masks", mask_steps, (("naive", "hold"), ("hold", "reset"))),
+                               ("blocks", block_steps, (("hold", "naive"), ("reset", "naive")))):
+        for first, second in pairs if steps is not None else ():
+            for r in paired_contrast(steps, first, second).to_dict("records"):
+                where = name + (f" p={r['p']:g}" if "p" in r else "") + f" {r['optimizer']}"
+                low, high = r[f"{first} minus {second} interval low"], r[f"{first} minus {second} interval high"]
+                tied = r[f"seeds {first} higher"] == r[f"seeds {first} lower"] == 0
+                verdict = ("identical in every seed" if tied else "—" if low != low
+                           else "holds zero: no verdict" if low <= 0 <= high else "leaves out zero")
+                d = decimals[name] or 3
+                out[f"{where}: {first} minus {second}, final test accuracy (mean over seeds; {CONFIDENCE:.0%} "
+                    f"interval, paired by seed)"] = (f"{signed(r[f'{first} minus {second}'], decimals=d)} "
+                                                     f"({_interval_text(low, high, d)}; {verdict})")
     return out
 
 
@@ -474,5 +491,5 @@ def finetune_contrast(finetune: pd.DataFrame, first: str, second: str,
         diff = (t[first] - t[second]).dropna()
         mean, low, high = t_interval(diff)
         out[str(optimizer)] = {"mean": mean, "low": low, "high": high, "seeds": int(len(diff)),
-                               "identical": bool((diff == 0).all())}
+                               "higher": int((diff > 0).sum()), "identical": bool((diff == 0).all())}
     return out
