@@ -198,6 +198,7 @@ def _metrics_04() -> dict:
         table["fetch_costs"], table["ps_runs"], table["ps_placement"], table["n_push_sweep"],
         table["staleness_dai_check"], table["staleness_gaps"], table["staleness_best_per_tau"].set_index("tau"),
         metrics["config"]["staleness_learning_rates"], retuned=table["staleness_retuned_gaps"])
+    metrics.setdefault("staleness_adamw_weight_decay", 0.004)  # a run before it was recorded: Keras' default
     return metrics
 
 
@@ -336,7 +337,47 @@ def test_04_a_retuned_verdict_at_a_grid_edge_is_provisional_and_so_is_deans_conc
 def test_04_the_staleness_finding_counts_its_intervals_and_names_the_weak_verdicts():
     metrics = _metrics_04()
     text = _staleness_text(metrics)
-    assert "hold 40 intervals of gaps at a delay" in text and "about 2 of 40" in text
-    assert "adam − sgd at τ = 4, rates re-chosen (−0.047 to −0.002)" in text  # ends 0.0028 from zero, half-width 0.022
+    assert "hold 40 intervals of gaps at a delay. 35 of them are distinct" in text  # τ = 1 (and muon − adamw τ = 2)
+    assert "7 of those are AdamW's against SGD" in text and "28 separate comparisons" in text
+    assert "about 1.4 of 28" in text  # the chance count is over the separate comparisons, not the 40 printed
+    assert "adam − sgd at τ = 4, rates re-chosen (−0.047 to −0.002), and adamw's copy of it" in text
+    assert "adamw − sgd at τ = 4" not in text  # the copy is not a second weak verdict
     assert "adagrad − sgd at τ = 8" not in text  # a clear verdict is not called weak
     assert "at no delay" not in text and "at none of the delays" in text  # "no delay" reads as τ = 0
+
+
+def test_04_an_interval_that_leaves_out_zero_only_past_the_printed_decimals_is_named_not_judged():
+    metrics = _metrics_04()  # committed run: muon − adamw at τ = 2 ends at −0.00017, printed 0.000
+    text = _staleness_text(metrics)
+    assert "the run cannot tell muon from adamw at τ = 1, 2" in text  # one rule: the printed interval
+    assert ("here 1, muon − adamw at τ = 2, undelayed or re-chosen rates, one interval (−0.013 to 0.000; high end "
+            "−0.00017 before rounding)") in text
+    q = metrics["quoted"]
+    for prefix in ("gap", "tgap"):  # its high end a little further from zero: printed below zero, a weak verdict
+        q[f"{prefix}_high_muon_adamw_2"] = -0.0011
+        q[f"{prefix}_sign_muon_adamw_2"] = findings.interval_sign(q[f"{prefix}_low_muon_adamw_2"], -0.0011)
+    q.update(findings._census(q, metrics["staleness_gap_pairs"], (1, 2, 4, 8)))
+    text = _staleness_text(metrics)
+    assert q["borderline_verdicts"] == [] and "past the third decimal counts as holding zero: none here" in text
+    assert "muon − adamw at τ = 2, undelayed or re-chosen rates, one interval (−0.013 to −0.001)" in text  # weak
+
+
+def test_04_adamw_counts_once_only_where_it_repeats_adam():
+    metrics = _metrics_04()
+    assert "Against SGD, AdamW repeats Adam" in _staleness_text(metrics)
+    q = metrics["quoted"]
+    q["gap_sign_adamw_sgd_1"] = "-"  # a verdict Adam's gap does not have: no longer a repeat
+    q.update(findings._twins(q, metrics["staleness_gap_pairs"], (1, 2, 4, 8)))
+    q.update(findings._census(q, metrics["staleness_gap_pairs"], (1, 2, 4, 8)))
+    text = _staleness_text(metrics)
+    assert "AdamW repeats Adam" not in text and "Against SGD, adamw loses less than sgd at τ = 1" in text
+    assert "35 separate comparisons" in text and "about 1.8 of 35" in text
+
+
+def test_04_the_rate_trend_is_read_per_optimizer():
+    metrics = _metrics_04()  # committed run: muon's re-chosen rate is 0.003 at every delay
+    text = _staleness_text(metrics)
+    assert "the rate falls as the delay grows for sgd, adam, adagrad, adamw" in text
+    assert "muon keeps one rate at every delay" in text and "a smaller rate meets a longer delay" not in text
+    metrics["quoted"]["rate_trend_muon"] = "mixed"
+    assert "muon rises at some delay" in _staleness_text(metrics)

@@ -320,7 +320,9 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
     out["gap_halfwidth_max_tau"] = widest
     out["rate_dominates_factor"] = RATE_DOMINATES
     out.update(_provisional(out, pairs, taus))
-    out.update(_weak(out, pairs, taus))
+    out.update(_rate_trends(out, names, taus))
+    out.update(_twins(out, pairs, taus))
+    out.update(_census(out, pairs, taus))
     for a, b in pairs:  # does re-choosing the rates for the delay shrink the gap to a fraction of itself?
         judged = [t for t in taus if t != 0 and out[f"gap_sign_{a}_{b}_{t}"] != "0"
                   and not math.isnan(out.get(f"tgap_{a}_{b}_{t}", NAN))]
@@ -349,19 +351,84 @@ def _provisional(q: Mapping[str, Any], pairs: Sequence[tuple[str, str]], taus: S
     return out
 
 
-def _weak(q: Mapping[str, Any], pairs: Sequence[tuple[str, str]], taus: Sequence[int]) -> dict[str, Any]:
-    """How many gap intervals at a delay the section's tables hold (``intervals_read``: both kinds of gap, every pair
-    and delay measured), and the verdicts among them that are weak (``weak_verdicts``, one text each, and
-    ``weak_verdict_count``): the interval leaves out zero, but its end nearer zero is within ``WEAK_SHARE`` of its
-    half-width of zero.
+TWINS = {"adamw": "adam"}
+"""Optimizers that are another plus a small change: AdamW is Adam with a decoupled weight decay (``ADAMW``). Where
+the validation split chose the same rate for both at every delay and their gaps against SGD agree in every verdict,
+the twin's gaps against SGD repeat the other's on the same seeds, batches and SGD runs: one finding, counted once."""
+
+
+def _twins(q: Mapping[str, Any], pairs: Sequence[tuple[str, str]], taus: Sequence[int]) -> dict[str, Any]:
+    """For each ``TWINS`` entry run against SGD: ``twin_same_rates_<twin>`` (the same rate chosen for both at every
+    delay, undelayed and re-chosen), ``twin_same_verdicts_<twin>`` (every verdict of ``<twin> − sgd`` equals that of
+    ``<base> − sgd``, both kinds of gap), ``twin_gap_diff_<twin>`` (the largest difference between the two gaps'
+    means) and ``twin_<twin>``: the base where both hold (a repeat, counted once), else ``""``.
+
+    >>> q = {"tuned_lr_adamw_0": 0.01, "tuned_lr_adam_0": 0.01, "tuned_lr_adamw_1": 0.01, "tuned_lr_adam_1": 0.01,
+    ...      **{f"{p}_sign_{o}_sgd_1": "-" for p in ("gap", "tgap") for o in ("adam", "adamw")},
+    ...      **{f"{p}_{o}_sgd_1": v for p in ("gap", "tgap") for o, v in (("adam", -0.30), ("adamw", -0.29))}}
+    >>> t = _twins(q, [("adam", "sgd"), ("adamw", "sgd")], (1,))
+    >>> t["twin_adamw"], round(t["twin_gap_diff_adamw"], 3)
+    ('adam', 0.01)
+    """
+    out: dict[str, Any] = {}
+    for twin, base in TWINS.items():
+        if not {(twin, "sgd"), (base, "sgd")} <= {tuple(p) for p in pairs}:
+            continue
+        same_rates = all(q.get(f"tuned_lr_{twin}_{t}") == q.get(f"tuned_lr_{base}_{t}") for t in (0, *taus))
+        kinds = [(p, t) for p in ("gap", "tgap") for t in taus if f"{p}_sign_{twin}_sgd_{t}" in q]
+        same_verdicts = all(q[f"{p}_sign_{twin}_sgd_{t}"] == q.get(f"{p}_sign_{base}_sgd_{t}") for p, t in kinds)
+        diffs = [abs(q[f"{p}_{twin}_sgd_{t}"] - q.get(f"{p}_{base}_sgd_{t}", NAN)) for p, t in kinds]
+        out[f"twin_same_rates_{twin}"], out[f"twin_same_verdicts_{twin}"] = same_rates, same_verdicts
+        out[f"twin_gap_diff_{twin}"] = max([d for d in diffs if math.isfinite(d)], default=NAN)
+        out[f"twin_{twin}"] = base if same_rates and same_verdicts and kinds else ""
+    return out
+
+
+def _rate_trends(q: Mapping[str, Any], names: Sequence[str], taus: Sequence[int]) -> dict[str, Any]:
+    """``rate_trend_<opt>``: how the rate the validation split re-chose moves as the delay grows, over ``(0, *taus)``:
+    ``"falls"`` (it never rises from one delay to the next and ends lower), ``"stays"`` (the same at every delay),
+    ``"mixed"`` (it rises somewhere) or ``"not measured"``.
+
+    >>> q = {"tuned_lr_a_0": 0.5, "tuned_lr_a_8": 0.02, "tuned_lr_b_0": 0.003, "tuned_lr_b_8": 0.003}
+    >>> t = _rate_trends(q, ["a", "b", "c"], (8,))
+    >>> t["rate_trend_a"], t["rate_trend_b"], t["rate_trend_c"]
+    ('falls', 'stays', 'not measured')
+    """
+    out: dict[str, Any] = {}
+    for o in names:
+        rates = [q.get(f"tuned_lr_{o}_{t}", NAN) for t in (0, *taus)]
+        if not rates or any(not math.isfinite(r) for r in rates):
+            out[f"rate_trend_{o}"] = "not measured"
+        elif all(r == rates[0] for r in rates):
+            out[f"rate_trend_{o}"] = "stays"
+        else:
+            out[f"rate_trend_{o}"] = "falls" if all(b <= a for a, b in zip(rates, rates[1:])) else "mixed"
+    return out
+
+
+def _census(q: Mapping[str, Any], pairs: Sequence[tuple[str, str]], taus: Sequence[int]) -> dict[str, Any]:
+    """The gap intervals at a delay the section's tables hold, counted three ways, and the verdicts that only just
+    leave out zero.
+
+    ``intervals_read``: every interval printed (both kinds of gap, every pair and delay measured);
+    ``intervals_distinct``: those left once two that are the same runs (where the rate re-chosen for a delay is the
+    undelayed one, both gaps are one interval) count once; ``intervals_separate``: the distinct ones left once a
+    twin's gaps against SGD (``_twins``) count with their base's. ``weak_verdicts`` (and ``weak_verdict_count``):
+    separate intervals with a verdict whose end nearer zero lies within ``WEAK_SHARE`` of the half-width of zero.
+    ``borderline_verdicts`` (and ``borderline_count``): separate intervals that hold zero as printed (the one rule
+    every verdict is read by, ``interval_sign``) but leave it out before rounding, each with that unrounded end.
 
     >>> q = {"gap_sign_a_b_1": "-", "gap_low_a_b_1": -0.0465, "gap_high_a_b_1": -0.0028}
-    >>> _weak(q, [("a", "b")], (1,))["weak_verdicts"]
+    >>> _census(q, [("a", "b")], (1,))["weak_verdicts"]
     ['a − b at τ = 1, undelayed rates (−0.047 to −0.002)']
-    >>> _weak({**q, "gap_high_a_b_1": -0.0120}, [("a", "b")], (1,))["weak_verdict_count"]
+    >>> _census({**q, "gap_high_a_b_1": -0.0120}, [("a", "b")], (1,))["weak_verdict_count"]
     0
+    >>> near = _census({**q, "gap_sign_a_b_1": "0", "gap_high_a_b_1": -0.00017}, [("a", "b")], (1,))
+    >>> near["borderline_verdicts"], near["weak_verdict_count"]
+    (['a − b at τ = 1, undelayed rates (−0.047 to 0.000; high end −0.00017 before rounding)'], 0)
     """
-    read, weak = 0, []
+    seen: dict[tuple[str, str, int, float, float], list[str]] = {}
+    signs: dict[tuple[str, str, int, float, float], str] = {}
     for prefix, rates in (("tgap", "rates re-chosen"), ("gap", "undelayed rates")):
         for a, b in pairs:
             for tau in taus:
@@ -369,12 +436,29 @@ def _weak(q: Mapping[str, Any], pairs: Sequence[tuple[str, str]], taus: Sequence
                 low, high = q.get(f"{prefix}_low_{key}", NAN), q.get(f"{prefix}_high_{key}", NAN)
                 if tau == 0 or not (math.isfinite(low) and math.isfinite(high)):
                     continue
-                read += 1
-                near = min(abs(low), abs(high))  # the end nearer zero
-                if q.get(f"{prefix}_sign_{key}", "0") != "0" and near < WEAK_SHARE * (high - low) / 2:
-                    weak.append(f"{a} − {b} at τ = {tau}, {rates} ({bound_text(low, 'floor')} to "
-                                f"{bound_text(high, 'ceil')})")
-    return {"intervals_read": read, "weak_verdicts": weak, "weak_verdict_count": len(weak), "weak_share": WEAK_SHARE}
+                seen.setdefault((a, b, tau, low, high), []).append(rates)
+                signs[(a, b, tau, low, high)] = q.get(f"{prefix}_sign_{key}", "0")
+    twins = {t: q.get(f"twin_{t}", "") for t in TWINS}
+    separate = [k for k in seen if not (k[1] == "sgd" and twins.get(k[0]))]
+    def is_weak(key: tuple[str, str, int, float, float]) -> bool:
+        low, high = key[3], key[4]
+        return signs[key] != "0" and min(abs(low), abs(high)) < WEAK_SHARE * (high - low) / 2  # near end vs half
+
+    weak, borderline = [], []
+    for a, b, tau, low, high in separate:
+        rates = " and ".join(seen[(a, b, tau, low, high)]).replace("rates re-chosen and undelayed rates",
+                                                                 "undelayed or re-chosen rates, one interval")
+        shown = f"{a} − {b} at τ = {tau}, {rates} ({bound_text(low, 'floor')} to {bound_text(high, 'ceil')}"
+        if is_weak((a, b, tau, low, high)):
+            copies = [t for t, base in twins.items() if base == a and b == "sgd" and any(
+                k[:3] == (t, "sgd", tau) and is_weak(k) and seen[k] == seen[(a, b, tau, low, high)] for k in seen)]
+            weak.append(shown + ")" + "".join(f", and {t}'s copy of it" for t in copies))
+        elif signs[(a, b, tau, low, high)] == "0" and (low > 0 or high < 0):
+            end = ("high", high) if high < 0 else ("low", low)
+            borderline.append(f"{shown}; {end[0]} end {signed(end[1], digits=2)} before rounding)")
+    return {"intervals_read": sum(len(v) for v in seen.values()), "intervals_distinct": len(seen),
+            "intervals_separate": len(separate), "weak_verdicts": weak, "weak_verdict_count": len(weak),
+            "borderline_verdicts": borderline, "borderline_count": len(borderline), "weak_share": WEAK_SHARE}
 
 
 def quoted(costs: pd.DataFrame, ps_runs: pd.DataFrame, placement: pd.DataFrame, sweep: pd.DataFrame,
@@ -481,11 +565,12 @@ METRIC_KINDS = {
     "quoted/cpu_side_factor": "constant",
     "quoted/worker_cpu_share_*": "timing_ratio", "quoted/worker_cpu_small": "constant",
     "quoted/rate_dominates_factor": "constant", "quoted/weak_share": "constant",
-    "quoted/weak_verdicts": "message", "quoted/tgap_edge_*": "message",
+    "quoted/weak_verdicts": "message", "quoted/borderline_verdicts": "message", "quoted/tgap_edge_*": "message",
     "quoted/steps_per_s_std_*": "timing_spread", "quoted/steps_ratio_windows_*": "timing_spread",
     "quoted/steps_per_s_*": "timing", "quoted/steps_ratio": "timing_ratio",
     "quoted/link_gbit_s": "constant", "quoted/timing_tolerance": "constant",
     "confidence": "constant", "staleness_gap_pairs": "constant", "quoted/transfer_s": "constant",
+    "staleness_adamw_weight_decay": "constant",
     "quoted/largest_variable*": "constant",
     "quoted/model_mb": "constant", "quoted/mb_per_task": "constant", "quoted/n_smallest": "constant",
     "quoted/n_largest": "constant", "quoted/updates_smallest": "constant", "quoted/updates_largest": "constant",
