@@ -381,3 +381,26 @@ def test_04_the_rate_trend_is_read_per_optimizer():
     assert "muon keeps one rate at every delay" in text and "a smaller rate meets a longer delay" not in text
     metrics["quoted"]["rate_trend_muon"] = "mixed"
     assert "muon rises at some delay" in _staleness_text(metrics)
+
+
+def _blocks_text(accuracy: tuple[float, float], loss: tuple[float, float]) -> str:
+    """02's block finding over the committed run's metrics, with both methods' paired intervals set to ``accuracy``
+    (hold or reset minus naive, test accuracy) and ``loss`` (naive minus hold or reset, late training loss)."""
+    metrics = json.loads((REPO / "results" / "02_mnist_cnn_freezing" / "metrics.json").read_text())
+    metrics["blocks_accuracy_contrast"] = {m: {"mean": sum(accuracy) / 2, "low": accuracy[0], "high": accuracy[1]}
+                                           for m in ("hold", "reset")}
+    metrics["blocks_loss_contrast"] = {m: {"mean": sum(loss) / 2, "low": loss[0], "high": loss[1]}
+                                       for m in ("hold", "reset")}
+    return " ".join(prose.fill(_template("02_mnist_cnn_freezing", "`hold` and `reset` leave every resting"),
+                               metrics).split())
+
+
+def test_02_the_block_finding_reads_each_measure_off_its_paired_interval():
+    text = _blocks_text((-0.026, 0.390), (-0.238, -0.170))  # the committed run's: accuracy holds zero, loss does not
+    assert "disagree" not in text
+    assert "(−0.026 to +0.390; the interval holds zero)" in text and "(−0.238 to −0.170; below zero)" in text
+    assert "So the run resolves one difference: the naive mask has the lower training loss" in text
+    text = _blocks_text((-0.026, 0.390), (-0.238, 0.010))  # both hold zero
+    assert "Neither measure tells the methods apart with 3 seeds" in text and "resolves one" not in text
+    text = _blocks_text((0.05, 0.390), (-0.238, -0.170))  # both leave out zero
+    assert "Each measure's verdict is its interval's" in text and "resolves one" not in text

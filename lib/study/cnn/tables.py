@@ -478,12 +478,20 @@ def time_ratios(finetune: pd.DataFrame, optimizers: list[str] | tuple[str, ...])
     return out
 
 
-def finetune_contrast(finetune: pd.DataFrame, first: str, second: str,
-                      value: str = "acc_new") -> dict[str, dict[str, Any]]:
-    """Per optimizer, ``value`` of method ``first`` minus ``second`` in the fine-tuning runs, paired by seed: the
-    mean, its ``CONFIDENCE`` Student-t interval, the seeds, and whether every seed's difference is exactly zero.
-    ``finetune_contrast(finetune_study(cfg, data), "gate", "masked_hold")``"""
-    table = finetune.pivot_table(index=["optimizer", "seed"], columns="method", values=value)
+def run_contrast(runs: pd.DataFrame, first: str, second: str, value: str = "acc_new") -> dict[str, dict[str, Any]]:
+    """Per optimizer, ``value`` of method ``first`` minus ``second``, paired by seed, from a table with one row per
+    run (columns optimizer, method, seed and ``value``): the mean, its ``CONFIDENCE`` Student-t interval, the seeds,
+    how many went each way, and whether every seed's difference is exactly zero.
+    ``run_contrast(finetune_study(cfg, data), "gate", "masked_hold")``; ``run_contrast(late_means(blocks, 20),
+    "naive", "hold", "loss")``
+
+    >>> runs = pd.DataFrame({"optimizer": ["adam"] * 4, "method": ["a", "b", "a", "b"], "seed": [0, 0, 1, 1],
+    ...                      "loss": [1.0, 1.5, 1.2, 1.4]})
+    >>> c = run_contrast(runs, "a", "b", "loss")["adam"]
+    >>> round(c["mean"], 2), c["seeds"], c["higher"], c["lower"], c["identical"]
+    (-0.35, 2, 0, 2, False)
+    """
+    table = runs.pivot_table(index=["optimizer", "seed"], columns="method", values=value)
     out: dict[str, dict[str, Any]] = {}
     if not {first, second} <= set(table.columns):
         return out
@@ -491,5 +499,13 @@ def finetune_contrast(finetune: pd.DataFrame, first: str, second: str,
         diff = (t[first] - t[second]).dropna()
         mean, low, high = t_interval(diff)
         out[str(optimizer)] = {"mean": mean, "low": low, "high": high, "seeds": int(len(diff)),
-                               "higher": int((diff > 0).sum()), "identical": bool((diff == 0).all())}
+                               "higher": int((diff > 0).sum()), "lower": int((diff < 0).sum()),
+                               "identical": bool((diff == 0).all())}
     return out
+
+
+def late_means(steps: pd.DataFrame, after: int, value: str = "loss") -> pd.DataFrame:
+    """One row per run (optimizer, method, seed): the mean of ``value`` over the steps after ``after``, for
+    ``run_contrast``. ``late_means(block_study(cfg, data), 20)``"""
+    late = steps[steps["step"] > after]
+    return late.groupby(["optimizer", "method", "seed"], sort=False)[value].mean().reset_index()
