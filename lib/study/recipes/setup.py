@@ -105,7 +105,7 @@ COLUMNS = {
     "layer a did": "what layer a did in the last fit", "entries of a changed": "changed entries of a's kernel",
     "as expected": "did == should (bool)",
     "keras warned": "Keras emitted a warning that mentions trainable during the last fit (bool)",
-    "stage": "stage of gradual unfreezing (0-based: stage s trains the top s+1 layers)",
+    "stage": "stage of gradual unfreezing, counted from 1 (stage s trains the top s layers)",
     "reference": "the method the ratio divides by (recompile_fresh: a fresh optimizer per stage)",
     "ratio_median": "median over seeds of the method's median step time in the stage / the reference's (ratio)",
     "ratio_min": "smallest over seeds of that ratio", "ratio_max": "largest over seeds of that ratio",
@@ -113,7 +113,7 @@ COLUMNS = {
                       "should train and the optimizer knows it)",
 }
 """Meaning and unit of every column this study's tables have (``reporting.save_table(..., columns=COLUMNS)``)."""
-for _stage in range(9):
+for _stage in range(1, 10):  # stages count from 1 wherever the report names one
     COLUMNS[f"step_ms_stage{_stage}"] = (f"median wall time of a training step in stage {_stage}, its first step "
                                          "(which may trace) left out (ms)")
 for _layer in ("head", *(f"fc{i}" for i in range(1, 9))):

@@ -192,7 +192,7 @@ def unfreezing_study(config: RecipesConfig, data: MnistSplits, pretrained: Mappi
                 "momentum_norm_lost": float(sum(b["norm_before"] - b["norm_after"] for b in boundaries)),
                 "iterations_at_end": last.get("iterations", 0),
                 "step_time_ms": median_ms(timer.times) if timer.times else np.nan,
-                **{f"step_ms_stage{s}": median_ms(timer.times[s * k * spe:(s + 1) * k * spe])
+                **{f"step_ms_stage{s + 1}": median_ms(timer.times[s * k * spe:(s + 1) * k * spe])
                    if len(timer.times) >= (s + 1) * k * spe else np.nan for s in range(stages)},
                 "extra_state_bytes": masked.optimizer.mask_bytes() if method in ("mask_schedule", "skip_frozen") else 0,
             })
@@ -214,10 +214,10 @@ def stage_step_ratios(runs: pd.DataFrame, stages: int, reference: str = "recompi
     min and max of that ratio over seeds (a stage's first step, which traces, left out of each median).
 
     >>> runs = pd.DataFrame({"method": ["a", "a", "recompile_fresh", "recompile_fresh"], "seed": [0, 1, 0, 1],
-    ...                      "finished": True, "step_ms_stage0": [2.0, 3.0, 2.0, 2.0]})
+    ...                      "finished": True, "step_ms_stage1": [2.0, 3.0, 2.0, 2.0]})
     >>> stage_step_ratios(runs, 1)[["method", "stage", "ratio_median", "ratio_min", "ratio_max",
     ...                              "seeds"]].values.tolist()
-    [['a', 0, 1.25, 1.0, 1.5, 2]]
+    [['a', 1, 1.25, 1.0, 1.5, 2]]
     """
     done = runs[runs["finished"]].set_index(["method", "seed"])
     if reference not in done.index.get_level_values(0):
@@ -227,7 +227,7 @@ def stage_step_ratios(runs: pd.DataFrame, stages: int, reference: str = "recompi
     for method in dict.fromkeys(done.index.get_level_values(0)):
         if method == reference:
             continue
-        for stage in range(stages):
+        for stage in range(1, stages + 1):  # counted from 1, as every stage the report names
             column = f"step_ms_stage{stage}"
             ratio = (done.loc[method][column] / ref[column]).dropna()
             if len(ratio):
