@@ -78,6 +78,7 @@ def _metrics_02(versus: tuple[float, float]) -> dict:
     metrics["finetune_trap_minus_exact"] = {
         "adam": {"mean": -0.1013, "low": -0.3278, "high": 0.1251, "seeds": 3, "higher": 0, "identical": False},
         "sgd": {"mean": 0.034, "low": -0.0116, "high": 0.0796, "seeds": 3, "higher": 3, "identical": False}}
+    metrics.setdefault("finetune_exact_same_weights", {"sgd": True, "adam": True})  # a run before digests
     for o, seeds in metrics["finetune_time_ratio_seeds"].items():
         seeds.update({"masked_vs_gate_min": versus[0], "masked_vs_gate_max": versus[1],
                       "gate_side": prose.timing_side(seeds["gate_min"], seeds["gate_max"]),
@@ -383,7 +384,7 @@ def test_04_the_rate_trend_is_read_per_optimizer():
     assert "muon rises at some delay" in _staleness_text(metrics)
 
 
-def _blocks_text(accuracy: tuple[float, float], loss: tuple[float, float]) -> str:
+def _blocks_text(accuracy: tuple[float, float], loss: tuple[float, float], same: bool = True) -> str:
     """02's block finding over the committed run's metrics, with both methods' paired intervals set to ``accuracy``
     (hold or reset minus naive, test accuracy) and ``loss`` (naive minus hold or reset, late training loss)."""
     metrics = json.loads((REPO / "results" / "02_mnist_cnn_freezing" / "metrics.json").read_text())
@@ -391,6 +392,7 @@ def _blocks_text(accuracy: tuple[float, float], loss: tuple[float, float]) -> st
                                            for m in ("hold", "reset")}
     metrics["blocks_loss_contrast"] = {m: {"mean": sum(loss) / 2, "low": loss[0], "high": loss[1]}
                                        for m in ("hold", "reset")}
+    metrics["blocks_sgd_same_weights"] = same
     return " ".join(prose.fill(_template("02_mnist_cnn_freezing", "`hold` and `reset` leave every resting"),
                                metrics).split())
 
@@ -404,3 +406,19 @@ def test_02_the_block_finding_reads_each_measure_off_its_paired_interval():
     assert "Neither measure tells the methods apart with 3 seeds" in text and "resolves one" not in text
     text = _blocks_text((0.05, 0.390), (-0.238, -0.170))  # both leave out zero
     assert "Each measure's verdict is its interval's" in text and "resolves one" not in text
+    assert "with bit-identical weights (the digests of each seed's three final models match)" in text  # SGD
+    assert "bit-identical" not in _blocks_text((0.05, 0.390), (-0.238, -0.170), same=False)
+
+
+def test_02_same_training_is_claimed_bit_for_bit_only_where_the_weights_digests_match():
+    metrics = json.loads((REPO / "results" / "02_mnist_cnn_freezing" / "metrics.json").read_text())
+
+    def text(same: dict) -> str:
+        metrics["finetune_exact_same_weights"] = same
+        return " ".join(prose.fill(_template("02_mnist_cnn_freezing", "They are the same training of the head"),
+                                   metrics).split())
+
+    assert "and with bit-identical weights (every run's digest" in text({"sgd": True, "adam": True})
+    mixed = text({"sgd": True, "adam": False})
+    assert "bit-identical across them under sgd, and differ in some bits under the others (adam)" in mixed
+    assert "and with bit-identical weights" not in mixed

@@ -5,6 +5,7 @@ Loops stay short because these carry the weight; each study module composes them
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -88,6 +89,22 @@ def restore(variables: Sequence[Any], values: Sequence[np.ndarray]) -> None:
             raise ValueError(f"restore: shape {np.shape(value)} does not fit {getattr(v, 'path', v.name)} "
                              f"{tuple(v.shape)}")
         v.assign(value)
+
+
+def digest(variables: Sequence[Any]) -> str:
+    """A short fingerprint of the variables' bits (SHA-256 over each value's dtype, shape and bytes, in order): two
+    runs with equal digests ended with bit-identical weights. ``digest(model.weights)``
+
+    >>> a, b = [np.float32([0.0, 1.0])], [np.float32([-0.0, 1.0])]
+    >>> digest(a) == digest([np.float32([0.0, 1.0])]), digest(a) == digest(b)  # -0.0 is not +0.0
+    (True, False)
+    """
+    h = hashlib.sha256()
+    for v in variables:
+        value = np.asarray(v.numpy() if hasattr(v, "numpy") else v)
+        h.update(f"{value.dtype.str}{value.shape}".encode())
+        h.update(np.ascontiguousarray(value).tobytes())
+    return h.hexdigest()[:16]
 
 
 def median_ms(times: Sequence[float]) -> float:

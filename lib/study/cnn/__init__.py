@@ -62,6 +62,7 @@ from study.cnn.tables import (  # noqa: F401
     paired_contrast,
     pooled_over_p,
     run_contrast,
+    same_weights,
     step_times,
     time_ratios,
     workload,

@@ -21,7 +21,7 @@ from study.cnn.setup import CnnStudyConfig, _batches, _init_weights, _start_run
 from study.data import MnistSplits
 from study.models import deep_mnist_cnn
 from study.optimizers import make_optimizer
-from study.training import LOSS, StepTimer, accuracy, batch_indices, forward, median_ms, restore, snapshot
+from study.training import LOSS, StepTimer, accuracy, batch_indices, digest, forward, median_ms, restore, snapshot
 
 # -- 1. fine-tuning with frozen feature layers -----------------------------------------------------
 FINETUNE_RUN_COLUMNS = {
@@ -36,6 +36,8 @@ FINETUNE_RUN_COLUMNS = {
                "of 0-4, 0-1); the shared 10-way head forgets them",
     "conv_max_abs_delta": "max |ΔW| over conv1/conv2 entries, fine-tuned vs pretrained weights (weight units)",
     "conv_changed_entries": "conv1/conv2 entries whose bits differ from the pretrained weights at the end (count)",
+    "weights_digest": "fingerprint of every weight of the model at the end (training.digest: equal digests, "
+                      "bit-identical weights)",
     "step_time_ms": "median wall time of one fine-tuning step, first (tracing) step left out (ms)",
 }
 
@@ -132,7 +134,7 @@ def finetune_study(config: CnnStudyConfig, data: MnistSplits, progress: bool = T
                 rows.append({**base, "method": method,
                              "acc_new": accuracy(model, *test_new), "acc_old": accuracy(model, *test_old),
                              "conv_max_abs_delta": drift, "conv_changed_entries": changed,
-                             "step_time_ms": median_ms(times)})
+                             "weights_digest": digest(model.weights), "step_time_ms": median_ms(times)})
 
             for method in custom:
                 _start_run(seed, work)

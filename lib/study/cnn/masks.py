@@ -19,7 +19,7 @@ from study.cnn.setup import _POLICY, BLOCKS, CnnStudyConfig, _init_weights, _sta
 from study.data import MnistSplits
 from study.models import deep_mnist_cnn
 from study.optimizers import make_optimizer
-from study.training import LOSS, accuracy, batch_indices, restore, snapshot
+from study.training import LOSS, accuracy, batch_indices, digest, restore, snapshot
 
 # -- 2 and 3. masks that change every step -----------------------------------------------------------
 STEP_COLUMNS = {
@@ -36,6 +36,8 @@ STEP_COLUMNS = {
     "step_time_ms": "wall time of this step, in-graph audit included (ms); step 1 includes tracing",
     "accuracy": "test accuracy on the first eval_samples test images after this step (fraction, 0-1); "
                 "empty between evaluations",
+    "weights_digest": "fingerprint of the model's weights after the run's last step (training.digest: equal digests, "
+                      "bit-identical weights); empty before it",
 }
 
 
@@ -122,6 +124,7 @@ def _masked_runs(config: CnnStudyConfig, data: MnistSplits, *, experiment: str, 
                                "step_time_ms": 1e3 * (time.perf_counter() - start), "accuracy": np.nan}
                         if (k + 1) % config.eval_every == 0 or k + 1 == steps:
                             row["accuracy"] = accuracy(model, eval_x, eval_y)
+                        row["weights_digest"] = digest(model.weights) if k + 1 == steps else ""
                         rows.append(row)
             if progress:  # per p where there is one: an average over p would mean nothing
                 done = pd.DataFrame(rows).query("optimizer == @name and method == @method")

@@ -69,7 +69,23 @@ def masked_runs(table: pd.DataFrame) -> pd.DataFrame:
         "frozen_max_abs_delta": runs["frozen_max_abs_delta"].max(),
         "step_time_ms": later.reindex(runs.size().index).fillna(runs["step_time_ms"].median()),
     })
+    if "weights_digest" in table.columns:  # recorded at a run's last step only
+        out["weights_digest"] = runs["weights_digest"].last()
     return out.reset_index()
+
+
+def same_weights(runs: pd.DataFrame, by: Sequence[str]) -> bool | None:
+    """Whether, within every group of ``by`` (for instance each seed, or each optimizer and seed), every run ended
+    with bit-identical weights (one ``weights_digest``); None where the runs recorded no digest.
+    ``same_weights(masked_runs(blocks[blocks["optimizer"] == "sgd"]), ["seed"])``
+
+    >>> runs = pd.DataFrame({"seed": [0, 0, 1, 1], "weights_digest": ["a", "a", "b", "b"]})
+    >>> same_weights(runs, ["seed"]), same_weights(runs.assign(weights_digest=["a", "c", "b", "b"]), ["seed"])
+    (True, False)
+    """
+    if "weights_digest" not in runs.columns or runs["weights_digest"].isna().any() or not len(runs):
+        return None
+    return bool((runs.groupby(list(by))["weights_digest"].nunique() == 1).all())
 
 
 def masked_summary(table: pd.DataFrame) -> pd.DataFrame:
