@@ -456,6 +456,7 @@ METRIC_KINDS = {
     "finetune_skip_time_ratio": "timing_spread",
     "finetune_time_ratio_seeds/*/*_slower": "timing_verdict",
     "finetune_time_ratio_seeds/*/*_side": "timing_verdict", "finetune_time_ratio_seeds/*/seeds": "constant",
+    "finetune_time_ratio_seeds/*/*_median": "timing_ratio",
     "finetune_time_ratio_seeds": "timing_spread", "timing_tolerance": "constant", "confidence": "constant",
     "keras_traps[*]/error": "message",
     "finetune_trap_changed": "count",
@@ -471,8 +472,9 @@ METRIC_KINDS = {
 def time_ratios(finetune: pd.DataFrame, optimizers: list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
     """Per optimizer, each seed's step-time ratios ``gate`` / ``var_list``, ``masked_hold`` / ``var_list`` and
     ``masked_hold`` / ``gate`` (each run's median step time; the methods run in turn within a seed), as their range
-    over seeds, and which way the first two go (``gate_side``, ``masked_side``: ``study.report.prose.timing_side``,
-    "slower"/"faster" only when every seed agrees by more than its tolerance, else "about equal"). ``masked_hold``
+    over seeds (and the first two's median over seeds, ``gate_median``/``masked_median``), and which way the first
+    two go (``gate_side``, ``masked_side``: ``study.report.prose.timing_side``, "slower"/"faster" only when every
+    seed agrees by more than its tolerance, else "about equal"). ``masked_hold``
     against ``gate`` is given as its range only: both compute the same backward pass, and their order has flipped
     between reruns on this machine even with every seed beyond the tolerance.
     """
@@ -486,7 +488,8 @@ def time_ratios(finetune: pd.DataFrame, optimizers: list[str] | tuple[str, ...])
         t = times.loc[o]
         gate, masked = t["gate"] / t["var_list"], t["masked_hold"] / t["var_list"]
         versus = t["masked_hold"] / t["gate"]
-        out[o] = {"seeds": int(len(t)), "gate_min": float(gate.min()), "gate_max": float(gate.max()),
+        out[o] = {"seeds": int(len(t)), "gate_median": float(gate.median()), "masked_median": float(masked.median()),
+                  "gate_min": float(gate.min()), "gate_max": float(gate.max()),
                   "masked_min": float(masked.min()), "masked_max": float(masked.max()),
                   "masked_vs_gate_min": float(versus.min()), "masked_vs_gate_max": float(versus.max()),
                   "gate_side": timing_side(gate.min(), gate.max()),
