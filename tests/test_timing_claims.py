@@ -200,6 +200,7 @@ def _metrics_04() -> dict:
         table["staleness_dai_check"], table["staleness_gaps"], table["staleness_best_per_tau"].set_index("tau"),
         metrics["config"]["staleness_learning_rates"], retuned=table["staleness_retuned_gaps"])
     metrics.setdefault("staleness_adamw_weight_decay", 0.004)  # a run before it was recorded: Keras' default
+    metrics.setdefault("test_images", 1000)  # a run before it was recorded: the split of every run
     return metrics
 
 
@@ -422,3 +423,33 @@ def test_02_same_training_is_claimed_bit_for_bit_only_where_the_weights_digests_
     mixed = text({"sgd": True, "adam": False})
     assert "bit-identical across them under sgd, and differ in some bits under the others (adam)" in mixed
     assert "and with bit-identical weights" not in mixed
+
+
+def test_04_throughput_is_read_on_one_clock_and_the_chiefs_span_is_named_apart():
+    metrics = _metrics_04()
+    q = metrics["quoted"]
+    q.update({"steps_per_s_1": 35.4, "steps_per_s_std_1": 2.0, "steps_per_s_2": 52.0, "steps_per_s_std_2": 7.0,
+              "steps_per_s_chief_1": 31.5, "steps_per_s_chief_2": 44.6, "steps_ratio": 52.0 / 35.4})
+    text = " ".join(prose.fill(_template("04_gradients_and_ps", "CPU time counts only the time a worker"),
+                               metrics).split())
+    assert "Two workers ran 1.47× the steps per second of one (52.0 ± 7.0 against 35.4 ± 2.0" in text
+    assert "by the workers' clocks). The chief's own clock, over its timed span, gives 44.6 and 31.5, lower" in text
+    assert "every ratio here is read on the workers' clocks" in text
+    q.update({"steps_per_s_chief_1": 36.0, "steps_per_s_chief_2": 53.0})  # not lower: no explanation offered
+    text = " ".join(prose.fill(_template("04_gradients_and_ps", "CPU time counts only the time a worker"),
+                               metrics).split())
+    assert "gives 53.0 and 36.0; every ratio" in text and "lower:" not in text
+
+
+def test_03_the_d_loss_is_not_offered_as_a_symptom_where_runs_that_did_not_collapse_show_it_too():
+    metrics = json.loads((REPO / "results" / "03_gan_alternating" / "metrics.json").read_text())
+
+    def text(above: int) -> str:
+        metrics["d_loss_check"] = {"adam_covered_runs": 14, "adam_covered_d_above_guess": above}
+        return " ".join(prose.fill(_template("03_gan_alternating", "the collapse comes from gating D"),
+                                   metrics).split())
+
+    said = text(2)
+    assert "D's loss is no evidence for it here: it does not single out collapse. 2 of the 14 distinct" in said
+    assert "it shows its symptoms" not in said and "not why" in said
+    assert "none of the 14 distinct Adam runs" in text(0)

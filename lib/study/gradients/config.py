@@ -15,6 +15,13 @@ from study.validation import check_choices, check_int_list, check_positive_int, 
 
 STALENESS_OPTIMIZERS = ("sgd", "adam", "adagrad", "adamw", "muon")
 """The optimizers ``study.gradients.staleness`` writes out element-wise."""
+RATE_SERIES = tuple(round(m * 10.0 ** e, 6) for e in range(-4, 0) for m in (1, 2, 5)) + (1.0,)
+"""Learning rates of the staleness grids: the 1-2-5 series from 0.0001 to 1, so that every optimizer's grid has the
+same spacing (each rate 2 or 2.5 times the one before) and none has a wider gap where its best rate may lie."""
+RATE_RANGES = {"sgd": (0.005, 1.0), "adam": (0.0001, 0.05), "adagrad": (0.01, 1.0), "adamw": (0.0001, 0.05),
+               "muon": (0.0005, 0.02)}
+"""Each optimizer's stretch of ``RATE_SERIES``: wide enough that the rate the validation split chooses at every
+delay of the full run lies inside it, not at an edge."""
 FAULTS = ("worker", "chief", "ps")
 COLUMNS = {  # every table of study 04: column -> meaning (unit)
     # fetch_costs
@@ -43,10 +50,13 @@ COLUMNS = {  # every table of study 04: column -> meaning (unit)
     "n_push": "a worker pushes its summed gradients every n_push of its steps (steps)",
     "steps": "minibatches computed by all workers together (count)",
     "applied_updates": "pushes applied on the ps tasks (count; one per n_push steps of a worker)",
-    "steps_per_s": "minibatches per second of all workers together, after the warm-up (1/s)",
-    "steps_per_s_std": "std of steps_per_s over 4 equal windows of the run (1/s)",
-    "steps_per_s_window_min": "steps_per_s in the slowest of those 4 windows (1/s)",
-    "steps_per_s_window_max": "steps_per_s in the fastest of those 4 windows (1/s)",
+    "steps_per_s": "minibatches per second of all workers together, after the warm-up, over the chief's timed span "
+                   "(chief's clock; 1/s)",
+    "steps_per_s_windows": "minibatches per second of all workers together over the span of their timed functions, "
+                           "the mean of 4 equal windows of it (workers' clocks; 1/s)",
+    "steps_per_s_std": "std of the rates of those 4 windows (workers' clocks; 1/s)",
+    "steps_per_s_window_min": "rate of the slowest of those 4 windows (workers' clocks; 1/s)",
+    "steps_per_s_window_max": "rate of the fastest of those 4 windows (workers' clocks; 1/s)",
     "updates_per_s": "updates applied per second after the warm-up (1/s)",
     "staleness_mean": "mean over pushes of the updates other workers applied between a push's fetch and the push "
                       "(updates)",
@@ -154,9 +164,8 @@ class GradientStudyConfig:
     taus: Sequence[int] = (0, 1, 2, 4, 8)
     staleness_optimizers: Sequence[str] = STALENESS_OPTIMIZERS
     staleness_learning_rates: dict[str, list[float]] = field(
-        default_factory=lambda: {"sgd": [0.02, 0.05, 0.2, 0.5, 1.0], "adam": [0.0003, 0.001, 0.003, 0.01, 0.03],
-                                 "adagrad": [0.01, 0.03, 0.1, 0.3, 1.0], "adamw": [0.0003, 0.001, 0.003, 0.01, 0.03],
-                                 "muon": [0.001, 0.003, 0.01, 0.03]})
+        default_factory=lambda: {o: [r for r in RATE_SERIES if low <= r <= high]
+                                 for o, (low, high) in RATE_RANGES.items()})
     staleness_steps: int = 300
     staleness_eval_every: int = 10
     staleness_target: float = 0.85

@@ -108,17 +108,19 @@ def cluster_numbers(ps_runs: pd.DataFrame, placement: pd.DataFrame) -> dict[str,
 
 
 def throughput_numbers(ps_runs: pd.DataFrame) -> dict[str, Any]:
-    """Steps per second with two workers / with one (``steps_ratio``, the ratio of the runs' means), each run's mean
-    and std over its timed windows (``steps_per_s_<w>``, ``steps_per_s_std_<w>``), and, where the runs record their
-    slowest and fastest window (``steps_per_s_window_min`` / ``_max``), the window-against-window range
-    ``steps_ratio_windows_low`` (the slowest 2-worker window over the fastest 1-worker window) to
+    """Steps per second with two workers / with one, all on the workers' clocks: ``steps_ratio`` (the ratio of the
+    runs' window means), each run's mean and std over its timed windows (``steps_per_s_<w>``,
+    ``steps_per_s_std_<w>``; the chief's rate over its own, longer span is ``steps_per_s_chief_<w>``), and, where the
+    runs record their slowest and fastest window (``steps_per_s_window_min`` / ``_max``), the window-against-window
+    range ``steps_ratio_windows_low`` (the slowest 2-worker window over the fastest 1-worker window) to
     ``steps_ratio_windows_high`` (the fastest over the slowest), with which way that whole range goes
     (``steps_ratio_side``: ``"more"`` when every 2-worker window beat every 1-worker window, ``"fewer"``, or
     ``"about equal"``, by ``prose.timing_side``). Without those columns the side is ``"not recorded"``: a mean ± std
     band over a few windows says nothing about every window, so no verdict is read off it. Wall time, unlike CPU
     time, shows whether the workers got their cores.
 
-    >>> runs = pd.DataFrame({"workers": [1, 2], "steps_per_s": [24.0, 40.0], "steps_per_s_std": [2.0, 3.0],
+    >>> runs = pd.DataFrame({"workers": [1, 2], "steps_per_s": [23.0, 38.0], "steps_per_s_windows": [24.0, 40.0],
+    ...                      "steps_per_s_std": [2.0, 3.0],
     ...                      "steps_per_s_window_min": [22.0, 36.0], "steps_per_s_window_max": [27.0, 44.0]})
     >>> q = throughput_numbers(runs)
     >>> round(q["steps_ratio"], 3), round(q["steps_ratio_windows_low"], 3), q["steps_ratio_side"]
@@ -127,8 +129,9 @@ def throughput_numbers(ps_runs: pd.DataFrame) -> dict[str, Any]:
     'not recorded'
     """
     rows = ps_runs.set_index("workers")
-    s1, d1 = _at(rows, 1, "steps_per_s"), _at(rows, 1, "steps_per_s_std")
-    s2, d2 = _at(rows, 2, "steps_per_s"), _at(rows, 2, "steps_per_s_std")
+    rate = "steps_per_s_windows" if "steps_per_s_windows" in ps_runs.columns else "steps_per_s"  # older runs
+    s1, d1 = _at(rows, 1, rate), _at(rows, 1, "steps_per_s_std")
+    s2, d2 = _at(rows, 2, rate), _at(rows, 2, "steps_per_s_std")
     low = _at(rows, 2, "steps_per_s_window_min") / _at(rows, 1, "steps_per_s_window_max")
     slowest_1 = _at(rows, 1, "steps_per_s_window_min")
     high = _at(rows, 2, "steps_per_s_window_max") / slowest_1 if slowest_1 > 0 else NAN
@@ -137,6 +140,7 @@ def throughput_numbers(ps_runs: pd.DataFrame) -> dict[str, Any]:
     else:
         side = "not recorded"
     return {"steps_per_s_1": s1, "steps_per_s_2": s2, "steps_per_s_std_1": d1, "steps_per_s_std_2": d2,
+            "steps_per_s_chief_1": _at(rows, 1, "steps_per_s"), "steps_per_s_chief_2": _at(rows, 2, "steps_per_s"),
             "steps_ratio": s2 / s1, "steps_ratio_windows_low": low, "steps_ratio_windows_high": high,
             "steps_ratio_side": side}
 
@@ -511,10 +515,10 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
     error = metrics["exact_update_max_error"]
     out["max |x_after - (x_before - lr*T(g))| on the CNN"] = "0 (exact)" if error == 0 else f"{error:.1e}"
     for w, r in metrics["ps"].items():
-        out[f"Downpour CNN, {w} worker{'s' * (int(w) > 1)}: steps/s (chief's clock, ± std of the windows) / "
-            f"final test accuracy / mean staleness (updates)"] = (
-            f"{r['steps_per_s']:.1f} ± {r['steps_per_s_std']:.1f} / {r['final_accuracy']:.3f} / "
-            f"{r['staleness_mean']:.2f}")
+        windows = r.get("steps_per_s_windows", r["steps_per_s"])  # older runs: the chief's
+        out[f"Downpour CNN, {w} worker{'s' * (int(w) > 1)}: steps/s (workers' clocks, mean ± std of the timed "
+            f"windows) / final test accuracy / mean staleness (updates; one run)"] = (
+            f"{windows:.1f} ± {r['steps_per_s_std']:.1f} / {r['final_accuracy']:.3f} / {r['staleness_mean']:.2f}")
     q = metrics.get("quoted", {})
     rows = (("tgap", "the rate the validation split re-chose for each delay", "lost to the delay"),
             ("gap", "the rate the validation split chose without delay", "lost"))  # the re-chosen rates first
@@ -546,6 +550,7 @@ METRIC_KINDS = {
     "fetch_spread": "timing_spread",
     "downpour_demo/updates": "count", "downpour_demo/staleness_*": "sample", "ps_staleness/*": "sample",
     "ps/*/steps_per_s_std": "timing_spread", "ps/*/steps_per_s": "timing", "ps/*/updates_per_s": "timing",
+    "ps/*/steps_per_s_windows": "timing",
     "ps/*/worker_cpu_share_min": "timing_ratio", "ps/*/worker_cpu_s_per_step": "timing",
     "ps/*/final_accuracy": "accuracy",
     "bytes_per_ps_task": "count",
@@ -576,7 +581,7 @@ METRIC_KINDS = {
     "quoted/n_largest": "constant", "quoted/updates_smallest": "constant", "quoted/updates_largest": "constant",
     "quoted/sweep_steps": "constant", "quoted/accuracy_*": "accuracy",
     "quoted/updates_1": "count", "quoted/updates_2": "count",
-    "duration_s": "timing", "staleness_seconds": "timing", "val_images": "constant",
+    "duration_s": "timing", "staleness_seconds": "timing", "val_images": "constant", "test_images": "constant",
 }
 """What each value of study 04's ``metrics.json`` is (``study.report.kinds``); the rest are measured values
 (staleness, accuracy, counts of updates, which vary between asynchronous runs)."""

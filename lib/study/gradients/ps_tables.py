@@ -46,6 +46,7 @@ def ps_row(label: str, result: Mapping[str, Any]) -> dict[str, Any]:
     return {"run": label, "model": cfg["model"].rpartition(":")[2], "workers": cfg["workers"], "ps": cfg["ps"],
             "n_fetch": cfg["n_fetch"], "n_push": cfg["n_push"], "steps": result["returned_steps"],
             "applied_updates": result["applied_updates"], "steps_per_s": result.get("steps_per_s"),
+            "steps_per_s_windows": float(np.mean(np.asarray(rates, dtype=float))),  # the workers' clocks
             "steps_per_s_std": float(np.std(rates, ddof=1)) if len(rates) > 1 else float("nan"),
             "steps_per_s_window_min": float(np.min(np.asarray(rates, dtype=float))),  # None: NaN
             "steps_per_s_window_max": float(np.max(np.asarray(rates, dtype=float))),
@@ -79,7 +80,8 @@ def placement_table(result: Mapping[str, Any]) -> pd.DataFrame:
 RUN_DISPLAY = {  # ps_table column -> the report's header (units in parentheses); CPU seconds are shown in ms
     "workers": "workers", "n_push": "n_fetch = n_push", "steps": "steps (minibatches)",
     "applied_updates": "updates applied",
-    "steps_per_s": "steps/s (chief's clock, timed span; ± std of the windows, workers' clocks)",
+    "steps_per_s": "steps/s (chief's clock, over its timed span)",
+    "steps_per_s_windows": "steps/s (workers' clocks: mean ± std of the timed windows, and their range)",
     "staleness_mean": "mean staleness (updates)",
     "staleness_max": "max staleness (updates)", "final_accuracy": "final test accuracy",
     "worker_cpu_s_per_step": "worker CPU per step (ms)", "ps_cpu_s_per_step": "ps CPU per step (ms)",
@@ -90,12 +92,15 @@ RUN_DISPLAY = {  # ps_table column -> the report's header (units in parentheses)
 
 def runs_display(table: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
     """``ps_table`` rows as the report shows them: indexed by run, readable headers with units, CPU in ms,
-    steps/s as mean ± std. ``runs_display(ps_table(runs), ["steps_per_s", "final_accuracy"])``"""
+    the windows' steps/s as mean ± std (range). ``runs_display(ps_table(runs), ["steps_per_s", "final_accuracy"])``"""
     out = pd.DataFrame(index=pd.Index(table["run"], name="run"))
     for column in columns:
         values = table[column].to_numpy()
         if column == "steps_per_s":
-            shown = [pm(m, s) for m, s in zip(values, table["steps_per_s_std"])]
+            shown = [fixed(v, 1) for v in values]
+        elif column == "steps_per_s_windows":
+            shown = [f"{pm(m, s)} ({fixed(lo, 1)}–{fixed(hi, 1)})" for m, s, lo, hi in zip(
+                values, table["steps_per_s_std"], table["steps_per_s_window_min"], table["steps_per_s_window_max"])]
         elif column.endswith("_cpu_s_per_step"):
             shown = [fixed(1e3 * v, 1) for v in values]
         elif column in ("staleness_mean", "final_accuracy", "worker_cpu_share_min"):
