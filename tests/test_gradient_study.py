@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from study.data import load_mnist
-from study.gradients import fetch, findings, staleness
+from study.gradients import fetch, findings, staleness, verdicts
 from study.gradients.config import GradientStudyConfig
 
 
@@ -177,7 +177,7 @@ def test_a_gap_verdict_is_read_off_its_interval_as_printed(low, high, sign):
     q = findings.staleness_numbers(pd.DataFrame(), _gap_frame(low, high), tuned, taus=(2,),
                                    retuned=_gap_frame(low, high))
     assert q["gap_sign_muon_adamw_2"] == q["tgap_sign_muon_adamw_2"] == sign
-    assert findings.interval_sign(low, high) == sign
+    assert verdicts.interval_sign(low, high) == sign
 
 
 def test_interval_bounds_are_rounded_outward_in_the_tables_and_summary():

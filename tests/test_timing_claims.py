@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from study import intervals
-from study.gradients import findings
+from study.gradients import findings, verdicts
 from study.report import prose
 
 REPO = Path(__file__).resolve().parents[1]
@@ -189,8 +189,9 @@ def test_02_hold_against_reset_says_the_run_cannot_tell_where_every_interval_hol
 
 
 def _metrics_04() -> dict:
-    """The committed run's metrics of 04, its quoted values recomputed from its committed tables by this code."""
-    out = REPO / "results" / "04_gradients_and_ps"
+    """A fixed run of 04 (``tests/fixtures/04_run_85bdeed``, "the fixture run"), its quoted values recomputed from its
+    tables by this code: a rerun of the study does not move what these tests check."""
+    out = Path(__file__).parent / "fixtures" / "04_run_85bdeed"
     metrics = json.loads((out / "metrics.json").read_text())
     table = {name: pd.read_csv(out / f"{name}.csv") for name in (
         "fetch_costs", "ps_runs", "ps_placement", "n_push_sweep", "staleness_dai_check", "staleness_gaps",
@@ -199,8 +200,8 @@ def _metrics_04() -> dict:
         table["fetch_costs"], table["ps_runs"], table["ps_placement"], table["n_push_sweep"],
         table["staleness_dai_check"], table["staleness_gaps"], table["staleness_best_per_tau"].set_index("tau"),
         metrics["config"]["staleness_learning_rates"], retuned=table["staleness_retuned_gaps"])
-    metrics.setdefault("staleness_adamw_weight_decay", 0.004)  # a run before it was recorded: Keras' default
-    metrics.setdefault("test_images", 1000)  # a run before it was recorded: the split of every run
+    metrics.setdefault("staleness_adamw_weight_decay", 0.004)  # not recorded in that run: Keras' default
+    metrics.setdefault("test_images", 1000)  # not recorded in that run: the split of every run
     return metrics
 
 
@@ -218,7 +219,7 @@ def _ps_runs(cpu_ms: tuple[float, float], share: tuple[float, float], steps: tup
 
 
 @pytest.mark.parametrize("runs, said, not_said", [
-    # the committed run: CPU per step 1.17x, shares 0.65 and 0.32, steps/s 1.11x, windows overlapping
+    # the fixture run: CPU per step 1.17x, shares 0.65 and 0.32, steps/s 1.11x, windows overlapping
     (_ps_runs((26.4, 31.0), (0.65, 0.32), (24.6, 27.2), (2.0, 11.1), ((22.0, 27.0), (15.0, 40.0))),
      ["grew little", "did not each have a core to themselves", "the windows go both ways", "0.32 with two"],
      ["contend", "add compute", "more in every window"]),
@@ -248,7 +249,7 @@ def test_04_cluster_finding_reads_cores_off_wall_time_not_cpu_time(runs, said, n
 def test_04_staleness_finding_reads_verdicts_off_printed_bounds_and_gives_the_retuned_gaps():
     metrics = _metrics_04()
     q = metrics["quoted"]
-    assert q["gap_high_muon_adamw_2"] == pytest.approx(-0.00017, abs=1e-5)  # the committed run's borderline case
+    assert q["gap_high_muon_adamw_2"] == pytest.approx(-0.00017, abs=1e-5)  # the fixture run's borderline case
     text = " ".join(prose.fill(_template("04_gradients_and_ps", "Dai et al.: does"), metrics).split())
     assert "τ = 2: −0.006 (−0.013 to 0.000)" in text  # the upper end rounded up, to an unsigned zero
     assert "muon loses less than adamw at τ = 4, 8; the run cannot tell muon from adamw at τ = 1, 2" in text
@@ -256,7 +257,7 @@ def test_04_staleness_finding_reads_verdicts_off_printed_bounds_and_gives_the_re
     assert "(−0.024 to +0.002)" in text  # adam - sgd at τ = 1: low -0.023249 rounded down, not to -0.023
     assert "Adam's test accuracy lost to the delay minus SGD's" in text and "τ = 8: −0.050 (" in text
     assert "Muon's test accuracy lost to the delay minus AdamW's" in text and "τ = 8: −0.066 (" in text
-    assert text.count("mostly measures whether those rates survive the delay") == 2
+    assert text.count("mostly measures whether those rates survive the delay") == 3  # adam, adagrad, muon
     widest = max((t for t in (1, 2, 4, 8)), key=lambda t: q[f"gap_halfwidth_max_{t}"])
     assert f"{prose.ceil(q['gap_halfwidth_max'], 'fixed', 3)}, at τ = {widest}" in text
 
@@ -320,7 +321,7 @@ def _staleness_text(metrics: dict) -> str:
 
 
 def test_04_a_retuned_verdict_at_a_grid_edge_is_provisional_and_so_is_deans_conclusion():
-    metrics = _metrics_04()  # committed run: at τ = 8 SGD's re-chosen 0.02 and Adam's/AdamW's 0.0003 are grid edges
+    metrics = _metrics_04()  # fixture run: at τ = 8 SGD's re-chosen 0.02 and Adam's/AdamW's 0.0003 are grid edges
     q = metrics["quoted"]
     assert q["tgap_provisional_adagrad_sgd_8"] and q["tgap_edge_adagrad_sgd_8"] == ["sgd 0.02"]
     assert not q["tgap_provisional_adagrad_sgd_4"]  # no verdict there: nothing to call provisional
@@ -352,7 +353,7 @@ def test_04_the_staleness_finding_counts_its_intervals_and_names_the_weak_verdic
 
 
 def test_04_an_interval_that_leaves_out_zero_only_past_the_printed_decimals_is_named_not_judged():
-    metrics = _metrics_04()  # committed run: muon − adamw at τ = 2 ends at −0.00017, printed 0.000
+    metrics = _metrics_04()  # fixture run: muon − adamw at τ = 2 ends at −0.00017, printed 0.000
     text = _staleness_text(metrics)
     assert "the run cannot tell muon from adamw at τ = 1, 2" in text  # one rule: the printed interval
     assert ("here 1, muon − adamw at τ = 2, undelayed or re-chosen rates, one interval (−0.013 to 0.000; high end "
@@ -360,8 +361,8 @@ def test_04_an_interval_that_leaves_out_zero_only_past_the_printed_decimals_is_n
     q = metrics["quoted"]
     for prefix in ("gap", "tgap"):  # its high end a little further from zero: printed below zero, a weak verdict
         q[f"{prefix}_high_muon_adamw_2"] = -0.0011
-        q[f"{prefix}_sign_muon_adamw_2"] = findings.interval_sign(q[f"{prefix}_low_muon_adamw_2"], -0.0011)
-    q.update(findings._census(q, metrics["staleness_gap_pairs"], (1, 2, 4, 8)))
+        q[f"{prefix}_sign_muon_adamw_2"] = verdicts.interval_sign(q[f"{prefix}_low_muon_adamw_2"], -0.0011)
+    q.update(verdicts.census(q, metrics["staleness_gap_pairs"], (1, 2, 4, 8)))
     text = _staleness_text(metrics)
     assert q["borderline_verdicts"] == [] and "past the third decimal counts as holding zero: none here" in text
     assert "muon − adamw at τ = 2, undelayed or re-chosen rates, one interval (−0.013 to −0.001)" in text  # weak
@@ -372,15 +373,15 @@ def test_04_adamw_counts_once_only_where_it_repeats_adam():
     assert "Against SGD, AdamW repeats Adam" in _staleness_text(metrics)
     q = metrics["quoted"]
     q["gap_sign_adamw_sgd_1"] = "-"  # a verdict Adam's gap does not have: no longer a repeat
-    q.update(findings._twins(q, metrics["staleness_gap_pairs"], (1, 2, 4, 8)))
-    q.update(findings._census(q, metrics["staleness_gap_pairs"], (1, 2, 4, 8)))
+    q.update(verdicts.twins(q, metrics["staleness_gap_pairs"], (1, 2, 4, 8)))
+    q.update(verdicts.census(q, metrics["staleness_gap_pairs"], (1, 2, 4, 8)))
     text = _staleness_text(metrics)
     assert "AdamW repeats Adam" not in text and "Against SGD, adamw loses less than sgd at τ = 1" in text
     assert "35 separate comparisons" in text and "about 1.8 of 35" in text
 
 
 def test_04_the_rate_trend_is_read_per_optimizer():
-    metrics = _metrics_04()  # committed run: muon's re-chosen rate is 0.003 at every delay
+    metrics = _metrics_04()  # fixture run: muon's re-chosen rate is 0.003 at every delay
     text = _staleness_text(metrics)
     assert "the rate falls as the delay grows for sgd, adam, adagrad, adamw" in text
     assert "muon keeps one rate at every delay" in text and "a smaller rate meets a longer delay" not in text
@@ -456,3 +457,20 @@ def test_03_the_d_loss_is_not_offered_as_a_symptom_where_runs_that_did_not_colla
     assert "D's loss is no evidence for it here: it does not single out collapse. 2 of the 14 distinct" in said
     assert "it shows its symptoms" not in said and "not why" in said
     assert "none of the 14 distinct Adam runs" in text(0)
+
+
+def test_04_deans_conclusion_marks_weak_verdicts_and_undelayed_gaps_that_measure_the_rates():
+    metrics = _metrics_04()  # fixture run: Adagrad loses less than SGD only re-tuned at τ = 8, provisionally
+    q = metrics["quoted"]
+    q["weak_keys"] = [*q["weak_keys"], "tgap_adagrad_sgd_8"]
+    q["gap_sign_adagrad_sgd_2"], q["rate_dominates_adagrad_sgd"] = "-", True
+    text = _staleness_text(metrics)
+    assert ("at the rate chosen without delay at τ = 2 (where that gap mostly measures whether the rates survive the "
+            "delay, as said above), and with the rate re-chosen for the delay at τ = 8 (weak)") in text
+    assert "provisional where a re-chosen rate lies at an edge of its grid: here" in text
+    for key in [k for k in q if k.startswith("tgap_provisional_")]:
+        q[key] = False
+    q["rate_dominates_adagrad_sgd"] = False
+    text = _staleness_text(metrics)
+    assert "its grid: none here, every re-chosen rate lies inside its grid" in text
+    assert "where that gap mostly measures" not in text

@@ -7,6 +7,7 @@
 * ``ps_data``: the study's MNIST as IDX files, the data of every ``downpour`` job here;
 * ``staleness``: every gradient applied ``tau`` updates late, in one process;
 * ``findings``: the numbers the notebook's findings quote, and its headline;
+* ``verdicts``: the staleness gaps' verdicts and their bookkeeping (provisional, repeated, weak, counted);
 * ``plots``: the figures.
 
 Modules import ``config`` and never each other in a circle.

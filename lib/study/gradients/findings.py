@@ -13,12 +13,10 @@ from typing import Any
 
 import pandas as pd
 
-from study.report.prose import TIMING_TOLERANCE, ceil, floor, num, printed_value, signed, timing_side
+from study.gradients.verdicts import GAP_DECIMALS, bound_text, census, interval_sign, provisional, rate_trends, twins
+from study.report.prose import TIMING_TOLERANCE, ceil, floor, num, signed, timing_side
 
 NAN = float("nan")
-GAP_DECIMALS = 3
-"""Decimals every gap, loss and interval bound of the staleness study is printed with (prose, tables, SUMMARY); a
-verdict is read off the bounds as printed (``interval_sign``)."""
 WORKER_CPU_SMALL = 1.3
 """A 2-worker / 1-worker ratio of CPU time per step below this is called a small growth of the work in a step (the
 bound notebook 04 asserts on a full-size run)."""
@@ -28,12 +26,6 @@ with a verdict, it is more than this many times the gap with the rates re-chosen
 CPU_SIDE_FACTOR = 2.0
 """In the ``n_push`` sweep, the ps tasks' growth of CPU time per step is said to be larger than the workers' (as a
 ratio, or in ms) where it is more than this many times theirs, and the other way round; otherwise alike."""
-WEAK_SHARE = 0.25
-"""A verdict is called weak where its interval's end nearer zero lies within this share of the interval's half-width
-of zero: at 95% each, about one in twenty intervals of a gap whose true value is zero leaves out zero by chance, and
-those that do mostly end near it."""
-
-
 def _at(frame: pd.DataFrame, row: Any, column: str) -> float:
     try:
         return float(frame.loc[row, column])
@@ -207,26 +199,6 @@ def _cpu_side(ps_growth: float, worker_growth: float, factor: float = CPU_SIDE_F
         else "alike"
 
 
-def interval_sign(low: float, high: float, decimals: int = GAP_DECIMALS) -> str:
-    """The verdict of a paired difference, read off its interval as the report prints it: each bound to ``decimals``
-    decimals, rounded outward (``low`` toward -inf, ``high`` toward +inf, ``prose.floor``/``ceil``). ``"+"`` when
-    the printed low end is above zero, ``"-"`` when the printed high end is below zero, ``"0"`` otherwise (the
-    interval holds zero: the run cannot tell), also where a bound is NaN (not measured). So an interval that only
-    leaves out zero in a decimal the report does not print counts as holding zero, and no verdict contradicts the
-    interval printed beside it.
-
-    >>> interval_sign(-0.039, -0.00017), interval_sign(-0.039, -0.0011), interval_sign(0.0004, 0.02)
-    ('0', '-', '0')
-    >>> interval_sign(0.0011, 0.02), interval_sign(float("nan"), float("nan"))
-    ('+', '0')
-    """
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return "0"
-    shown_low = printed_value(floor(low, "signed", 2, decimals))
-    shown_high = printed_value(ceil(high, "signed", 2, decimals))
-    return "+" if shown_low > 0 else "-" if shown_high < 0 else "0"
-
-
 def _gaps(frame: pd.DataFrame, prefix: str, taus: Sequence[int]) -> dict[str, Any]:
     """``<prefix>_<a>_<b>_<tau>`` (mean), ``<prefix>_se_…``, ``<prefix>_low_…``, ``<prefix>_high_…`` and
     ``<prefix>_sign_…`` (``interval_sign``: "+" the printed interval is above zero, "-" below, "0" it holds zero or
@@ -267,8 +239,8 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
     undelayed rates is more than ``RATE_DOMINATES`` times the re-tuned one (``tgap``): there the undelayed-rate gap
     mostly measures whether the rates chosen without delay survive it; ``rate_judged_<a>_<b>`` counts those delays
     (a verdict and a re-tuned gap). ``tgap_provisional_<a>_<b>_<tau>`` marks a re-tuned verdict where a re-chosen
-    rate is an edge of its grid (``_provisional``), and ``intervals_read`` / ``weak_verdicts`` count the gap
-    intervals and name the verdicts that only just leave out zero (``_weak``). The Adam - SGD
+    rate is an edge of its grid (``verdicts.provisional``), and ``intervals_read`` / ``weak_verdicts`` count the gap
+    intervals and name the verdicts that only just leave out zero (``verdicts.census``). The Adam - SGD
     gap is also ``difference_<tau>`` / ``difference_se_<tau>`` (the headline's names), and ``tuned_gap_0`` is
     |Adam - SGD| at tau = 0. ``retuned`` (``staleness.tuned_differences``) adds the same keys under ``tgap``: the
     test accuracy a lost to the delay minus what b lost, each at the rate re-chosen for that tau.
@@ -323,10 +295,10 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
     out["gap_halfwidth_max"] = out[f"gap_halfwidth_max_{widest}"] if delayed else NAN
     out["gap_halfwidth_max_tau"] = widest
     out["rate_dominates_factor"] = RATE_DOMINATES
-    out.update(_provisional(out, pairs, taus))
-    out.update(_rate_trends(out, names, taus))
-    out.update(_twins(out, pairs, taus))
-    out.update(_census(out, pairs, taus))
+    out.update(provisional(out, pairs, taus))
+    out.update(rate_trends(out, names, taus))
+    out.update(twins(out, pairs, taus))
+    out.update(census(out, pairs, taus))
     for a, b in pairs:  # does re-choosing the rates for the delay shrink the gap to a fraction of itself?
         judged = [t for t in taus if t != 0 and out[f"gap_sign_{a}_{b}_{t}"] != "0"
                   and not math.isnan(out.get(f"tgap_{a}_{b}_{t}", NAN))]
@@ -338,131 +310,6 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
         out[f"difference_se_{tau}"] = out[f"gap_se_adam_sgd_{tau}"]
     out["tuned_gap_0"] = abs(out.get("tuned_adam_0", NAN) - out.get("tuned_sgd_0", NAN))
     return out
-
-
-def _provisional(q: Mapping[str, Any], pairs: Sequence[tuple[str, str]], taus: Sequence[int]) -> dict[str, Any]:
-    """``tgap_provisional_<a>_<b>_<tau>``: True where the re-tuned gap has a verdict and either side's re-chosen rate
-    is an edge of its grid (a rate beyond it might change the verdict), and ``tgap_edge_<a>_<b>_<tau>``: the
-    optimizers whose rate is at an edge there, as ``"<opt> <rate>"``."""
-    out: dict[str, Any] = {}
-    for a, b in pairs:
-        for tau in (0, *taus):
-            key = f"{a}_{b}_{tau}"
-            edge = [f"{o} {num(q.get(f'tuned_lr_{o}_{tau}', NAN))}" for o in (a, b)
-                    if q.get(f"tuned_at_edge_{o}_{tau}") == 1]
-            out[f"tgap_edge_{key}"] = edge
-            out[f"tgap_provisional_{key}"] = bool(edge) and q.get(f"tgap_sign_{key}", "0") != "0"
-    return out
-
-
-TWINS = {"adamw": "adam"}
-"""Optimizers that are another plus a small change: AdamW is Adam with a decoupled weight decay (``ADAMW``). Where
-the validation split chose the same rate for both at every delay and their gaps against SGD agree in every verdict,
-the twin's gaps against SGD repeat the other's on the same seeds, batches and SGD runs: one finding, counted once."""
-
-
-def _twins(q: Mapping[str, Any], pairs: Sequence[tuple[str, str]], taus: Sequence[int]) -> dict[str, Any]:
-    """For each ``TWINS`` entry run against SGD: ``twin_same_rates_<twin>`` (the same rate chosen for both at every
-    delay, undelayed and re-chosen), ``twin_same_verdicts_<twin>`` (every verdict of ``<twin> − sgd`` equals that of
-    ``<base> − sgd``, both kinds of gap), ``twin_gap_diff_<twin>`` (the largest difference between the two gaps'
-    means) and ``twin_<twin>``: the base where both hold (a repeat, counted once), else ``""``.
-
-    >>> q = {"tuned_lr_adamw_0": 0.01, "tuned_lr_adam_0": 0.01, "tuned_lr_adamw_1": 0.01, "tuned_lr_adam_1": 0.01,
-    ...      **{f"{p}_sign_{o}_sgd_1": "-" for p in ("gap", "tgap") for o in ("adam", "adamw")},
-    ...      **{f"{p}_{o}_sgd_1": v for p in ("gap", "tgap") for o, v in (("adam", -0.30), ("adamw", -0.29))}}
-    >>> t = _twins(q, [("adam", "sgd"), ("adamw", "sgd")], (1,))
-    >>> t["twin_adamw"], round(t["twin_gap_diff_adamw"], 3)
-    ('adam', 0.01)
-    """
-    out: dict[str, Any] = {}
-    for twin, base in TWINS.items():
-        if not {(twin, "sgd"), (base, "sgd")} <= {tuple(p) for p in pairs}:
-            continue
-        same_rates = all(q.get(f"tuned_lr_{twin}_{t}") == q.get(f"tuned_lr_{base}_{t}") for t in (0, *taus))
-        kinds = [(p, t) for p in ("gap", "tgap") for t in taus if f"{p}_sign_{twin}_sgd_{t}" in q]
-        same_verdicts = all(q[f"{p}_sign_{twin}_sgd_{t}"] == q.get(f"{p}_sign_{base}_sgd_{t}") for p, t in kinds)
-        diffs = [abs(q[f"{p}_{twin}_sgd_{t}"] - q.get(f"{p}_{base}_sgd_{t}", NAN)) for p, t in kinds]
-        out[f"twin_same_rates_{twin}"], out[f"twin_same_verdicts_{twin}"] = same_rates, same_verdicts
-        out[f"twin_gap_diff_{twin}"] = max([d for d in diffs if math.isfinite(d)], default=NAN)
-        out[f"twin_{twin}"] = base if same_rates and same_verdicts and kinds else ""
-    return out
-
-
-def _rate_trends(q: Mapping[str, Any], names: Sequence[str], taus: Sequence[int]) -> dict[str, Any]:
-    """``rate_trend_<opt>``: how the rate the validation split re-chose moves as the delay grows, over ``(0, *taus)``:
-    ``"falls"`` (it never rises from one delay to the next and ends lower), ``"stays"`` (the same at every delay),
-    ``"mixed"`` (it rises somewhere) or ``"not measured"``.
-
-    >>> q = {"tuned_lr_a_0": 0.5, "tuned_lr_a_8": 0.02, "tuned_lr_b_0": 0.003, "tuned_lr_b_8": 0.003}
-    >>> t = _rate_trends(q, ["a", "b", "c"], (8,))
-    >>> t["rate_trend_a"], t["rate_trend_b"], t["rate_trend_c"]
-    ('falls', 'stays', 'not measured')
-    """
-    out: dict[str, Any] = {}
-    for o in names:
-        rates = [q.get(f"tuned_lr_{o}_{t}", NAN) for t in (0, *taus)]
-        if not rates or any(not math.isfinite(r) for r in rates):
-            out[f"rate_trend_{o}"] = "not measured"
-        elif all(r == rates[0] for r in rates):
-            out[f"rate_trend_{o}"] = "stays"
-        else:
-            out[f"rate_trend_{o}"] = "falls" if all(b <= a for a, b in zip(rates, rates[1:])) else "mixed"
-    return out
-
-
-def _census(q: Mapping[str, Any], pairs: Sequence[tuple[str, str]], taus: Sequence[int]) -> dict[str, Any]:
-    """The gap intervals at a delay the section's tables hold, counted three ways, and the verdicts that only just
-    leave out zero.
-
-    ``intervals_read``: every interval printed (both kinds of gap, every pair and delay measured);
-    ``intervals_distinct``: those left once two that are the same runs (where the rate re-chosen for a delay is the
-    undelayed one, both gaps are one interval) count once; ``intervals_separate``: the distinct ones left once a
-    twin's gaps against SGD (``_twins``) count with their base's. ``weak_verdicts`` (and ``weak_verdict_count``):
-    separate intervals with a verdict whose end nearer zero lies within ``WEAK_SHARE`` of the half-width of zero.
-    ``borderline_verdicts`` (and ``borderline_count``): separate intervals that hold zero as printed (the one rule
-    every verdict is read by, ``interval_sign``) but leave it out before rounding, each with that unrounded end.
-
-    >>> q = {"gap_sign_a_b_1": "-", "gap_low_a_b_1": -0.0465, "gap_high_a_b_1": -0.0028}
-    >>> _census(q, [("a", "b")], (1,))["weak_verdicts"]
-    ['a − b at τ = 1, undelayed rates (−0.047 to −0.002)']
-    >>> _census({**q, "gap_high_a_b_1": -0.0120}, [("a", "b")], (1,))["weak_verdict_count"]
-    0
-    >>> near = _census({**q, "gap_sign_a_b_1": "0", "gap_high_a_b_1": -0.00017}, [("a", "b")], (1,))
-    >>> near["borderline_verdicts"], near["weak_verdict_count"]
-    (['a − b at τ = 1, undelayed rates (−0.047 to 0.000; high end −0.00017 before rounding)'], 0)
-    """
-    seen: dict[tuple[str, str, int, float, float], list[str]] = {}
-    signs: dict[tuple[str, str, int, float, float], str] = {}
-    for prefix, rates in (("tgap", "rates re-chosen"), ("gap", "undelayed rates")):
-        for a, b in pairs:
-            for tau in taus:
-                key = f"{a}_{b}_{tau}"
-                low, high = q.get(f"{prefix}_low_{key}", NAN), q.get(f"{prefix}_high_{key}", NAN)
-                if tau == 0 or not (math.isfinite(low) and math.isfinite(high)):
-                    continue
-                seen.setdefault((a, b, tau, low, high), []).append(rates)
-                signs[(a, b, tau, low, high)] = q.get(f"{prefix}_sign_{key}", "0")
-    twins = {t: q.get(f"twin_{t}", "") for t in TWINS}
-    separate = [k for k in seen if not (k[1] == "sgd" and twins.get(k[0]))]
-    def is_weak(key: tuple[str, str, int, float, float]) -> bool:
-        low, high = key[3], key[4]
-        return signs[key] != "0" and min(abs(low), abs(high)) < WEAK_SHARE * (high - low) / 2  # near end vs half
-
-    weak, borderline = [], []
-    for a, b, tau, low, high in separate:
-        rates = " and ".join(seen[(a, b, tau, low, high)]).replace("rates re-chosen and undelayed rates",
-                                                                 "undelayed or re-chosen rates, one interval")
-        shown = f"{a} − {b} at τ = {tau}, {rates} ({bound_text(low, 'floor')} to {bound_text(high, 'ceil')}"
-        if is_weak((a, b, tau, low, high)):
-            copies = [t for t, base in twins.items() if base == a and b == "sgd" and any(
-                k[:3] == (t, "sgd", tau) and is_weak(k) and seen[k] == seen[(a, b, tau, low, high)] for k in seen)]
-            weak.append(shown + ")" + "".join(f", and {t}'s copy of it" for t in copies))
-        elif signs[(a, b, tau, low, high)] == "0" and (low > 0 or high < 0):
-            end = ("high", high) if high < 0 else ("low", low)
-            borderline.append(f"{shown}; {end[0]} end {signed(end[1], digits=2)} before rounding)")
-    return {"intervals_read": sum(len(v) for v in seen.values()), "intervals_distinct": len(seen),
-            "intervals_separate": len(separate), "weak_verdicts": weak, "weak_verdict_count": len(weak),
-            "borderline_verdicts": borderline, "borderline_count": len(borderline), "weak_share": WEAK_SHARE}
 
 
 def quoted(costs: pd.DataFrame, ps_runs: pd.DataFrame, placement: pd.DataFrame, sweep: pd.DataFrame,
@@ -488,17 +335,6 @@ def gap_text(q: Mapping[str, Any], prefix: str, a: str, b: str, tau: int) -> str
     key = f"{a}_{b}_{tau}"
     low, high = (bound_text(q[f"{prefix}_low_{key}"], "floor"), bound_text(q[f"{prefix}_high_{key}"], "ceil"))
     return f"{signed(q[f'{prefix}_{key}'], decimals=GAP_DECIMALS)} ({low} to {high})"
-
-
-def bound_text(x: float, rounding: str) -> str:
-    """An interval bound as the report prints it: signed, ``GAP_DECIMALS`` decimals, rounded outward (``"floor"``
-    for a low end, ``"ceil"`` for a high end); one that rounds to zero prints unsigned.
-
-    >>> bound_text(-0.023249, "floor"), bound_text(-0.283961, "ceil"), bound_text(-0.00017, "ceil")
-    ('−0.024', '−0.283', '0.000')
-    """
-    text = (floor if rounding == "floor" else ceil)(x, "signed", 2, GAP_DECIMALS)
-    return text[1:] if printed_value(text) == 0 else text
 
 
 def headline(metrics: dict[str, Any]) -> dict[str, str]:
@@ -570,7 +406,8 @@ METRIC_KINDS = {
     "quoted/cpu_side_factor": "constant",
     "quoted/worker_cpu_share_*": "timing_ratio", "quoted/worker_cpu_small": "constant",
     "quoted/rate_dominates_factor": "constant", "quoted/weak_share": "constant",
-    "quoted/weak_verdicts": "message", "quoted/borderline_verdicts": "message", "quoted/tgap_edge_*": "message",
+    "quoted/weak_verdicts": "message", "quoted/borderline_verdicts": "message",
+    "quoted/weak_keys": "message", "quoted/tgap_edge_*": "message",
     "quoted/steps_per_s_std_*": "timing_spread", "quoted/steps_ratio_windows_*": "timing_spread",
     "quoted/steps_per_s_*": "timing", "quoted/steps_ratio": "timing_ratio",
     "quoted/link_gbit_s": "constant", "quoted/timing_tolerance": "constant",

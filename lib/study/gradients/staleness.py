@@ -411,7 +411,7 @@ def _bound(x: float, rounding: str) -> str:
 
 def _interval(lows: Any, highs: Any) -> list[str]:
     """Each interval as "low to high", its bounds rounded outward, so the printed interval holds the computed one
-    (and a verdict read off it, ``findings.interval_sign``, agrees with what the table shows)."""
+    (and a verdict read off it, ``verdicts.interval_sign``, agrees with what the table shows)."""
     return [f"{_bound(low, 'floor')} to {_bound(high, 'ceil')}" if np.isfinite(low) and np.isfinite(high) else "—"
             for low, high in zip(lows, highs)]
 
