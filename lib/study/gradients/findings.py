@@ -17,15 +17,11 @@ from study.gradients.verdicts import GAP_DECIMALS, bound_text, census, interval_
 from study.report.prose import TIMING_TOLERANCE, ceil, floor, num, signed, timing_side
 
 NAN = float("nan")
-WORKER_CPU_SMALL = 1.3
-"""A 2-worker / 1-worker ratio of CPU time per step below this is called a small growth of the work in a step (the
-bound notebook 04 asserts on a full-size run)."""
 RATE_DOMINATES = 2.0
 """A gap at the undelayed rates is said to mostly measure whether those rates survive the delay where, at every delay
 with a verdict, it is more than this many times the gap with the rates re-chosen for that delay."""
-CPU_SIDE_FACTOR = 2.0
-"""In the ``n_push`` sweep, the ps tasks' growth of CPU time per step is said to be larger than the workers' (as a
-ratio, or in ms) where it is more than this many times theirs, and the other way round; otherwise alike."""
+
+
 def _at(frame: pd.DataFrame, row: Any, column: str) -> float:
     try:
         return float(frame.loc[row, column])
@@ -87,7 +83,6 @@ def cluster_numbers(ps_runs: pd.DataFrame, placement: pd.DataFrame) -> dict[str,
         out[f"worker_cpu_share_{w}"] = _at(rows, w, "worker_cpu_share_min")
     out["accuracy_gap"] = abs(out["accuracy_2"] - out["accuracy_1"])
     out["worker_cpu_ratio"] = out["worker_cpu_ms_2"] / out["worker_cpu_ms_1"]
-    out["worker_cpu_small"] = WORKER_CPU_SMALL
     out.update(throughput_numbers(ps_runs))
     per_variable = placement.groupby("variable", sort=False)["bytes"].agg(["sum", "count"])
     largest = per_variable["sum"].idxmax()
@@ -144,7 +139,8 @@ def n_push_numbers(sweep: pd.DataFrame, model_mb: float, link_gbit_s: float = 1.
     ``_largest``, ``worker_cpu_ms_smallest`` / ``_largest``), how much it grows from the largest ``n`` to the
     smallest as a ratio (``ps_cpu_ratio``, ``worker_cpu_ratio_n``) and in ms (``ps_cpu_ms_added``,
     ``worker_cpu_ms_added``): a small ratio on a large base can be as many ms as a large ratio on a small one.
-    ``cpu_ratio_side`` and ``cpu_ms_side`` say which side grew more, by each measure (``_cpu_side``).
+    Each ``n`` is one run, and a worker's CPU time per step moves with contention for the cores too, so no verdict on
+    which side grew more is drawn from these.
     ``transfer_s`` is the time the model's bytes take one way over a ``link_gbit_s`` link (arithmetic, not measured).
 
     >>> sweep = pd.DataFrame({"n_push": [1, 8], "ps_cpu_s_per_step": [0.02, 0.005], "steps": [128, 128],
@@ -156,22 +152,18 @@ def n_push_numbers(sweep: pd.DataFrame, model_mb: float, link_gbit_s: float = 1.
     >>> round(q["ps_cpu_ms_added"], 3), round(q["worker_cpu_ms_added"], 3)
     (15.0, -5.0)
     """
-    out: dict[str, Any] = {"transfer_s": model_mb * 8e6 / (link_gbit_s * 1e9), "link_gbit_s": link_gbit_s,
-                           "cpu_side_factor": CPU_SIDE_FACTOR}
+    out: dict[str, Any] = {"transfer_s": model_mb * 8e6 / (link_gbit_s * 1e9), "link_gbit_s": link_gbit_s}
     ends = ("ps_cpu_ms_smallest", "ps_cpu_ms_largest", "worker_cpu_ms_smallest", "worker_cpu_ms_largest",
             "ps_cpu_ms_added", "worker_cpu_ms_added", "worker_cpu_ratio_n")
     if len(sweep) < 2:
         return {**out, "ps_cpu_ratio": NAN, "worker_cpu_ms_min": NAN, "worker_cpu_ms_max": NAN,
                 "staleness_min": NAN, "staleness_max": NAN, "n_smallest": NAN, "n_largest": NAN,
-                "updates_smallest": NAN, "updates_largest": NAN, "sweep_steps": NAN, **dict.fromkeys(ends, NAN),
-                "cpu_ratio_side": "not measured", "cpu_ms_side": "not measured"}
+                "updates_smallest": NAN, "updates_largest": NAN, "sweep_steps": NAN, **dict.fromkeys(ends, NAN)}
     by_n = sweep.set_index("n_push")
     small, large = by_n.index.min(), by_n.index.max()
     ps_small, ps_large = (1e3 * float(by_n.loc[n, "ps_cpu_s_per_step"]) for n in (small, large))
     w_small, w_large = (1e3 * float(by_n.loc[n, "worker_cpu_s_per_step"]) for n in (small, large))
     return {**out,
-            "cpu_ratio_side": _cpu_side(ps_small / ps_large - 1, w_small / w_large - 1),
-            "cpu_ms_side": _cpu_side(ps_small - ps_large, w_small - w_large),
             "ps_cpu_ratio": ps_small / ps_large,
             "ps_cpu_ms_smallest": ps_small, "ps_cpu_ms_largest": ps_large, "ps_cpu_ms_added": ps_small - ps_large,
             "worker_cpu_ms_smallest": w_small, "worker_cpu_ms_largest": w_large,
@@ -184,19 +176,6 @@ def n_push_numbers(sweep: pd.DataFrame, model_mb: float, link_gbit_s: float = 1.
             "updates_smallest": int(by_n.loc[small, "applied_updates"]),
             "updates_largest": int(by_n.loc[large, "applied_updates"]),
             "sweep_steps": int(by_n.loc[large, "steps"])}
-
-
-def _cpu_side(ps_growth: float, worker_growth: float, factor: float = CPU_SIDE_FACTOR) -> str:
-    """Which side's CPU time per step grew more: ``"ps"`` where the ps tasks' growth is more than ``factor`` times
-    the workers', ``"workers"`` the other way, ``"alike"`` otherwise, ``"not measured"`` where either is NaN.
-
-    >>> _cpu_side(4.87, 0.32), _cpu_side(10.0, 7.9), _cpu_side(1.0, 5.0), _cpu_side(float("nan"), 1.0)
-    ('ps', 'alike', 'workers', 'not measured')
-    """
-    if not (math.isfinite(ps_growth) and math.isfinite(worker_growth)):
-        return "not measured"
-    return "ps" if ps_growth > factor * worker_growth else "workers" if worker_growth > factor * ps_growth \
-        else "alike"
 
 
 def _gaps(frame: pd.DataFrame, prefix: str, taus: Sequence[int]) -> dict[str, Any]:
@@ -232,7 +211,8 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
     paired by seed), ``gap_se_…``, ``gap_low_…``/``gap_high_…`` (its 95% interval) and ``gap_sign_…`` (``"+"`` when
     the interval is above zero, ``"-"`` below, ``"0"`` when it holds zero: the run cannot tell), and
     ``gap_halfwidth_max_<tau>`` (the widest of those intervals at that delay, as a half-width), with the widest
-    over every delay (``gap_halfwidth_max``) and its delay (``gap_halfwidth_max_tau``). ``drop_sign_<opt>_<tau>``
+    over every delay (``gap_halfwidth_max``) and its delay (``gap_halfwidth_max_tau``), and the narrowest interval of
+    any gap at a delay, re-tuned ones included (``gap_halfwidth_min``). ``drop_sign_<opt>_<tau>``
     is the drop's verdict, read like a gap's. Every verdict is ``interval_sign``'s: read off the interval as printed,
     each bound to ``GAP_DECIMALS`` decimals rounded outward, so an interval that reaches zero only in a decimal not
     printed holds zero. ``rate_dominates_<a>_<b>`` is True where, at every delay with a verdict, the gap at the
@@ -294,6 +274,10 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
     widest = max(delayed, key=lambda t: out[f"gap_halfwidth_max_{t}"]) if delayed else NAN
     out["gap_halfwidth_max"] = out[f"gap_halfwidth_max_{widest}"] if delayed else NAN
     out["gap_halfwidth_max_tau"] = widest
+    halves = [(out.get(f"{p}_high_{a}_{b}_{t}", NAN) - out.get(f"{p}_low_{a}_{b}_{t}", NAN)) / 2
+              for p in ("gap", "tgap") for a, b in pairs for t in taus if t != 0]
+    halves = [h for h in halves if math.isfinite(h)]
+    out["gap_halfwidth_min"] = min(halves) if halves else NAN  # the narrowest interval of any gap at a delay
     out["rate_dominates_factor"] = RATE_DOMINATES
     out.update(provisional(out, pairs, taus))
     out.update(rate_trends(out, names, taus))
@@ -402,9 +386,8 @@ METRIC_KINDS = {
     "quoted/function_*": "timing_ratio",
     "quoted/worker_cpu_ms*": "timing", "quoted/worker_cpu_ratio": "timing_ratio",
     "quoted/worker_cpu_ratio_n": "timing_ratio", "quoted/ps_cpu_ratio": "timing_ratio",
-    "quoted/ps_cpu_ms*": "timing", "quoted/cpu_*_side": "timing_verdict",
-    "quoted/cpu_side_factor": "constant",
-    "quoted/worker_cpu_share_*": "timing_ratio", "quoted/worker_cpu_small": "constant",
+    "quoted/ps_cpu_ms*": "timing",
+    "quoted/worker_cpu_share_*": "timing_ratio",
     "quoted/rate_dominates_factor": "constant", "quoted/weak_share": "constant",
     "quoted/weak_verdicts": "message", "quoted/borderline_verdicts": "message",
     "quoted/weak_keys": "message", "quoted/tgap_edge_*": "message",
@@ -412,6 +395,7 @@ METRIC_KINDS = {
     "quoted/steps_per_s_*": "timing", "quoted/steps_ratio": "timing_ratio",
     "quoted/link_gbit_s": "constant", "quoted/timing_tolerance": "constant",
     "confidence": "constant", "staleness_gap_pairs": "constant", "quoted/transfer_s": "constant",
+    "staleness_peek_cost_worst/optimizer": "message", "staleness_peek_cost_worst/tau": "constant",
     "staleness_adamw_weight_decay": "constant",
     "quoted/largest_variable*": "constant",
     "quoted/model_mb": "constant", "quoted/mb_per_task": "constant", "quoted/n_smallest": "constant",

@@ -244,6 +244,14 @@ def peek_cost(grid: pd.DataFrame, tau: int = 0) -> dict[str, float]:
             for o, g in mine.groupby("optimizer", sort=False)}
 
 
+def worst_peek_cost(grid: pd.DataFrame) -> dict[str, Any]:
+    """``peek_cost`` at every tau, the largest: ``{"value", "optimizer", "tau"}`` (the rates re-chosen for a delay are
+    chosen on the validation split too, and give up test accuracy the same way). ``worst_peek_cost(rate_grid(c))``"""
+    costs = {(o, int(t)): v for t in sorted(grid["tau"].unique()) for o, v in peek_cost(grid, t).items()}
+    (optimizer, tau), value = max(costs.items(), key=lambda kv: kv[1])
+    return {"value": value, "optimizer": optimizer, "tau": tau}
+
+
 def rate_grid_display(grid: pd.DataFrame) -> pd.DataFrame:
     """``rate_grid`` as the report shows it: rows (optimizer, learning rate), per τ one cell
     "validation · test mean ± std", marked "◀" where validation chose that rate for that τ."""
