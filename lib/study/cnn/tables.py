@@ -474,9 +474,9 @@ def time_ratios(finetune: pd.DataFrame, optimizers: list[str] | tuple[str, ...])
     ``masked_hold`` / ``gate`` (each run's median step time; the methods run in turn within a seed), as their range
     over seeds (and the first two's median over seeds, ``gate_median``/``masked_median``), and which way the first
     two go (``gate_side``, ``masked_side``: ``study.report.prose.timing_side``, "slower"/"faster" only when every
-    seed agrees by more than its tolerance, else "about equal"). ``masked_hold``
-    against ``gate`` is given as its range only: both compute the same backward pass, and their order has flipped
-    between reruns on this machine even with every seed beyond the tolerance.
+    seed agrees by more than its tolerance, else "about equal"), and the third's (``masked_vs_gate_side``) by the
+    same rule: one run's verdict, which for these two has flipped between reruns on this machine even with every seed
+    beyond the tolerance (the report says so).
     """
     from study.report.prose import timing_side
 
@@ -493,7 +493,8 @@ def time_ratios(finetune: pd.DataFrame, optimizers: list[str] | tuple[str, ...])
                   "masked_min": float(masked.min()), "masked_max": float(masked.max()),
                   "masked_vs_gate_min": float(versus.min()), "masked_vs_gate_max": float(versus.max()),
                   "gate_side": timing_side(gate.min(), gate.max()),
-                  "masked_side": timing_side(masked.min(), masked.max())}
+                  "masked_side": timing_side(masked.min(), masked.max()),
+                  "masked_vs_gate_side": timing_side(versus.min(), versus.max())}
     return out
 
 
