@@ -114,7 +114,7 @@ METRIC_KINDS = {
     "trained": "constant",
     "on_page_step": "count", "runs/**/single_class_runs": "count", "random_gates_single_class_runs": "count",
     "random_gates_runs": "count", "random_gates/runs_all": "count", "classifier_test_accuracy": "accuracy",
-    "d_loss_check/*": "count",
+    "d_loss_check/*": "count", "confidence": "constant", "gate_contrast/*/seeds": "constant",
     "runs/**/time_per_iteration_ms": "timing", "runs/**/time_per_iteration_ms_std": "timing_spread",
     "duration_s": "timing",
     "unknown_variable_trap[*]/outcome": "message",
