@@ -11,7 +11,7 @@ import pandas as pd
 
 from study.recipes.labels import method_label, optimizer_name
 from study.recipes.setup import NEW_COLUMN_METHODS, SUBNET_METHODS, StudyResult
-from study.report.prose import ceil, fixed, floor, pct
+from study.report.prose import ceil, fixed, floor, pct, timing_side
 from study.report.reporting import count_range, format_count, format_mean_std
 
 
@@ -174,7 +174,9 @@ def _float_or_none(x: Any) -> float | None:
 
 def _pruning_metrics(r2: StudyResult) -> dict[str, Any]:
     """Recipe 2's numbers, never pooled over optimizers: per optimizer/method/sparsity (``by_optimizer``), per
-    optimizer and method over sparsities and seeds (``per_optimizer``), and the fresh-optimizer check."""
+    optimizer and method over sparsities and seeds (``per_optimizer``; the exact mask's ``over``: its step time over
+    each other method's, paired by run, with ``prose.timing_side``'s verdict, 02's rule), and the fresh-optimizer
+    check."""
     pr = r2.runs
     by_optimizer = {}
     for (o, m, s), g in pr.groupby(["optimizer", "method", "sparsity"], sort=False):
@@ -198,6 +200,14 @@ def _pruning_metrics(r2: StudyResult) -> dict[str, Any]:
             "step_time_ms": float(g["step_time_ms"].mean()),
             "step_time_ms_min": float(g["step_time_ms"].min()), "step_time_ms_max": float(g["step_time_ms"].max()),
             "extra_state_bytes": int(g["extra_state_bytes"].max()), "runs": int(len(g))}
+    times = pr.pivot_table(index=["optimizer", "sparsity", "seed"], columns="method", values="step_time_ms")
+    for o, exact in per_optimizer.items():  # the exact mask's step over each other method's, paired by run
+        for m in ("gradient_mask", "constraint"):
+            if "exact" in exact and m in times.columns:
+                ratio = (times.loc[o, "exact"] / times.loc[o, m]).dropna()
+                exact["exact"].setdefault("over", {})[m] = {
+                    "min": float(ratio.min()), "max": float(ratio.max()), "runs": int(len(ratio)),
+                    "side": timing_side(ratio.min(), ratio.max())}
     fresh = r2.extra.get("fresh_gradient_mask", pd.DataFrame())
     diagnosis = r2.diagnosis
     return {
@@ -317,6 +327,9 @@ METRIC_KINDS = {  # first match wins: a specific pattern before the general one 
     "**/step_time_ms_std": "timing_spread", "**/step_time_ms_min": "timing_spread",
     "**/step_time_ms_max": "timing_spread",
     "**/step_time_ms": "timing", "pruning/dense_adam_step_time_ms": "timing", "pruning_step_time_ms": "timing",
+    "pruning/per_optimizer/*/exact/over/*/side": "timing_verdict",
+    "pruning/per_optimizer/*/exact/over/*/runs": "constant",
+    "pruning/per_optimizer/*/exact/over/*/*": "timing_spread",
     "duration_s": "timing",
     "traps[*]/error": "message", "**/methods/*/error": "message",
     "optimizer_names": "constant", "cnn_variables": "constant",

@@ -92,7 +92,7 @@ def _times(named: Mapping[str, tuple[Any, Any]], unit: str = "step") -> str:
 
 def _prune_times(per_optimizer: Mapping[str, Any]) -> str:
     """Recipe 2's step times under every optimizer it ran, never pooled: the exact mask against the gradient mask
-    and the constraint, and by how much the exact mask is slower where it is (and whether every run was)."""
+    and the constraint, and the exact mask over the gradient mask paired by run, read by 02's rule."""
     parts = []
     for o, r in per_optimizer.items():
         exact, grad, con = (_number(_get(r, m, "step_time_ms")) for m in ("exact", "gradient_mask", "constraint"))
@@ -103,13 +103,12 @@ def _prune_times(per_optimizer: Mapping[str, Any]) -> str:
 
         text = (f"under {optimizer_name(o)}, per CNN step: exact {ranged('exact', exact)} vs gradient mask "
                 f"{ranged('gradient_mask', grad)}, constraint {ranged('constraint', con)}")
-        if exact is not None and grad is not None and exact > grad:
-            slowest_grad, fastest_exact = _number(_get(r, "gradient_mask", "step_time_ms_max")), _number(
-                _get(r, "exact", "step_time_ms_min"))
-            every = (fastest_exact is not None and slowest_grad is not None and fastest_exact > slowest_grad)
-            text += (f" (exact {100 * (exact / grad - 1):+.0f}% over the gradient mask in the mean"
-                     + ("; every exact-mask run slower than every gradient-mask run" if every
-                        else "; their runs' ranges overlap, so this may be noise") + ")")
+        over = _get(r, "exact", "over", "gradient_mask")
+        if isinstance(over, Mapping):  # paired by run, 02's rule: a verdict only where every run is beyond 2%
+            verdict = {"slower": "slower in every run", "faster": "faster in every run"}.get(over.get("side"),
+                                                                                         "about equal")
+            text += (f" (exact / gradient mask, paired by run: {floor(over['min'], 'fixed', 3)}–"
+                     f"{ceil(over['max'], 'fixed', 3)}×, {verdict}; one run's verdict)")
         parts.append(text)
     return ("; ".join(parts) + " (mean over sparsities and seeds)") if parts else "n/a"
 
