@@ -270,7 +270,7 @@ def test_04_staleness_finding_reads_verdicts_off_printed_bounds_and_gives_the_re
     widest = max((t for t in (1, 2, 4, 8)), key=lambda t: q[f"gap_halfwidth_max_{t}"])
     assert f"{prose.ceil(q['gap_halfwidth_max'], 'fixed', 3)}, at τ = {widest}" in text
     assert "a smaller gap is beyond" not in text  # the widest interval is not the run's resolution
-    assert "the narrowest interval of any gap at a delay a half-width of 0.0050" in text
+    assert "the narrowest interval of any gap at a delay a half-width of 0.005" in text
     assert "and nothing at any delay, the rates re-chosen for it included" in text  # the fixture run: 0 at every τ
     metrics["staleness_peek_cost_worst"] = {"value": 0.0037, "optimizer": "adagrad", "tau": 1}
     text = " ".join(prose.fill(_template("04_gradients_and_ps", "Dai et al.: does"), metrics).split())
