@@ -337,8 +337,10 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
     for w, r in metrics["ps"].items():
         windows = r.get("steps_per_s_windows", r["steps_per_s"])  # older runs: the chief's
         out[f"Downpour CNN, {w} worker{'s' * (int(w) > 1)}: steps/s (workers' clocks, mean ± std of the timed "
-            f"windows) / final test accuracy / mean staleness (updates; one run)"] = (
-            f"{windows:.1f} ± {r['steps_per_s_std']:.1f} / {r['final_accuracy']:.3f} / {r['staleness_mean']:.2f}")
+            f"windows of one run; in brackets the chief's clock over its longer span) / final test accuracy / mean "
+            f"staleness (updates; one run)"] = (
+            f"{windows:.1f} ± {r['steps_per_s_std']:.1f} ({r['steps_per_s']:.1f}) / {r['final_accuracy']:.3f} / "
+            f"{r['staleness_mean']:.2f}")
     q = metrics.get("quoted", {})
     rows = (("tgap", "the rate the validation split re-chose for each delay", "lost to the delay"),
             ("gap", "the rate the validation split chose without delay", "lost"))  # the re-chosen rates first

@@ -11,7 +11,7 @@ import pandas as pd
 
 from study.recipes.labels import method_label, optimizer_name
 from study.recipes.setup import NEW_COLUMN_METHODS, SUBNET_METHODS, StudyResult
-from study.report.prose import ceil, fixed, floor, pct, timing_side
+from study.report.prose import TIMING_TOLERANCE, ceil, fixed, floor, pct, timing_side
 from study.report.reporting import count_range, format_count, format_mean_std
 
 
@@ -212,6 +212,7 @@ def _pruning_metrics(r2: StudyResult) -> dict[str, Any]:
     diagnosis = r2.diagnosis
     return {
         "headline_optimizer": str(pr["optimizer"].iloc[0]),
+        "timing_tolerance": TIMING_TOLERANCE,  # the margin ``over``'s verdicts read (``prose.timing_side``)
         "by_optimizer": by_optimizer,
         "per_optimizer": per_optimizer,
         "fresh_gradient_mask": {o: {"moved_max": int(g["moved"].max()), "pruned": int(g["pruned"].iloc[0]),
@@ -327,7 +328,7 @@ METRIC_KINDS = {  # first match wins: a specific pattern before the general one 
     "**/step_time_ms_std": "timing_spread", "**/step_time_ms_min": "timing_spread",
     "**/step_time_ms_max": "timing_spread",
     "**/step_time_ms": "timing", "pruning/dense_adam_step_time_ms": "timing", "pruning_step_time_ms": "timing",
-    "pruning/per_optimizer/*/exact/over/*/side": "timing_verdict",
+    "pruning/per_optimizer/*/exact/over/*/side": "timing_verdict", "pruning/timing_tolerance": "constant",
     "pruning/per_optimizer/*/exact/over/*/runs": "constant",
     "pruning/per_optimizer/*/exact/over/*/*": "timing_spread",
     "duration_s": "timing",
