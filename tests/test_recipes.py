@@ -416,3 +416,52 @@ def test_table_helpers_state_counts_errors_and_timing_noise():
     assert "no order" not in _times({"a": (1.0, 0.01), "b": (2.0, 0.01)})
     # the skeptic's case: a gap (0.23) above each std (0.21) but under their sum: the ranges overlap, no order
     assert "no order" in _times({"naive gate": (2.05, 0.21), "exact": (1.82, 0.21)})
+
+
+# -- recipe 4's budget ladder: each step read off its paired interval ------------------------------------------------
+def _ladder_runs(gains: dict[str, list[float]]) -> pd.DataFrame:
+    """Recipe-4 runs of three rungs over 3 seeds: each rung's accuracy and forgetting is the rung below's plus
+    ``gains[rung]`` (one per seed)."""
+    rows, base = [], {0: 0.50, 1: 0.52, 2: 0.49}
+    rungs = [("last_layer", "last_layer", 650), ("sparse 1%", "sparse", 1094), ("full", "full", 109386)]
+    level = dict(base)
+    for variant, method, entries in rungs:
+        for seed in range(3):
+            level[seed] += gains.get(variant, [0.0] * 3)[seed]
+            rows.append({"variant": variant, "method": method, "trained_entries": entries, "seed": seed,
+                         "acc_new": level[seed], "forgetting": level[seed] / 2})
+    return pd.DataFrame(rows)
+
+
+def test_budget_ladder_reads_each_step_off_its_paired_interval():
+    from study.recipes.sparse import budget_ladder
+
+    noisy = budget_ladder(_ladder_runs({"sparse 1%": [0.02, 0.02, 0.10], "full": [0.20, 0.21, 0.19]}))
+    assert noisy["variants"] == ["last_layer", "sparse 1%", "full"]
+    assert [d["sign"] for d in noisy["steps"]["acc_new"]] == ["0", "+"]  # means rise, the first interval holds zero
+    assert noisy["means_rise"]["acc_new"] and not noisy["rises"]["acc_new"]
+    assert noisy["ends"]["acc_new"]["sign"] == "+" and noisy["ends"]["acc_new"]["seeds"] == 3
+    clear = budget_ladder(_ladder_runs({"sparse 1%": [0.05, 0.06, 0.05], "full": [0.20, 0.21, 0.19]}))
+    assert clear["rises"]["acc_new"] and clear["rises"]["forgetting"]
+
+
+@pytest.mark.parametrize("gain, said, not_said", [
+    ([0.02, 0.02, 0.10], "holds zero at 2 of 4 steps", "every step's paired interval lies above zero"),
+    ([0.05, 0.06, 0.05], "every step's paired interval lies above zero", "holds zero at"),
+])
+def test_recipe_4_finding_names_the_steps_whose_interval_holds_zero(gain, said, not_said):
+    import nbformat
+
+    from study.recipes.labels import method_label
+    from study.recipes.sparse import budget_ladder
+    from study.report import prose
+
+    nb = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" / "05_recipes.ipynb", as_version=4)
+    (template,) = [t for _, t in prose.finding_templates(nb) if "not escape the trade-off" in t]
+    metrics = json.loads((Path(__file__).resolve().parents[1] / "results" / "05_recipes" / "metrics.json").read_text())
+    metrics["sparse_ladder"] = budget_ladder(_ladder_runs({"sparse 1%": gain, "full": [0.20, 0.21, 0.19]}),
+                                             method_label)
+    metrics["confidence"] = 0.95
+    text = " ".join(prose.fill(template, metrics).split())
+    assert said in text and not_said not in text
+    assert "On this task it does not escape the trade-off: from last layer only to full fine-tuning" in text

@@ -98,16 +98,19 @@ def _masked_runs(config: CnnStudyConfig, data: MnistSplits, *, experiment: str, 
     """Train from scratch under changing masks; one row per step of every optimizer x method x seed (x p)."""
     eval_x, eval_y = data.x_test[: config.eval_samples], data.y_test[: config.eval_samples]
     inits = {seed: _init_weights(seed) for seed in config.seeds}
-    rows = []
+    ps = p_values if p_values is not None else [None]
+    runs: dict[tuple, list[dict]] = {}  # per (optimizer, method, seed, p): its rows
     for name in optimizers:
+        built = {}  # per method: its model, optimizer, the optimizer's initial state and its traced step
         for method in config.mask_methods:
             model = deep_mnist_cnn()
             opt = MaskedOptimizer(make_optimizer(name, config.learning_rates[name]), _POLICY[method])
             opt.build(model.trainable_variables)
-            opt_init = snapshot(opt.variables)
-            step_fn = _masked_step(model, opt, masks_for)
-            for seed in config.seeds:
-                for p in (p_values if p_values is not None else [None]):
+            built[method] = (model, opt, snapshot(opt.variables), _masked_step(model, opt, masks_for))
+        for seed in config.seeds:  # the methods interleaved: at each (seed, p) one run of each, back to back, so
+            for p in ps:  # their step times are paired
+                for method, (model, opt, opt_init, step_fn) in built.items():
+                    rows = runs[name, method, seed, p] = []
                     _start_run(seed, model)
                     model.set_weights(inits[seed])
                     restore(opt.variables, opt_init)
@@ -126,8 +129,9 @@ def _masked_runs(config: CnnStudyConfig, data: MnistSplits, *, experiment: str, 
                             row["accuracy"] = accuracy(model, eval_x, eval_y)
                         row["weights_digest"] = digest(model.weights) if k + 1 == steps else ""
                         rows.append(row)
-            if progress:  # per p where there is one: an average over p would mean nothing
-                done = pd.DataFrame(rows).query("optimizer == @name and method == @method")
+        if progress:  # per method, and per p where there is one: an average over p would mean nothing
+            for method in built:
+                done = pd.DataFrame([r for sd in config.seeds for p in ps for r in runs[name, method, sd, p]])
                 per_run = done.groupby(run_keys(done), dropna=False).agg(accuracy=("accuracy", "last"),
                                                                          changed=("frozen_changed", "sum"))
                 parts = per_run.groupby(level="p") if "p" in done.columns else [(None, per_run)]
@@ -135,7 +139,8 @@ def _masked_runs(config: CnnStudyConfig, data: MnistSplits, *, experiment: str, 
                     (f"p={p:g}: " if p is not None else "") + f"final accuracy {g['accuracy'].mean():.3f}, "
                     f"frozen entries changed {g['changed'].mean():,.0f}" for p, g in parts)
                     + f"  (per run, summed over {steps} steps; means over {len(config.seeds)} seeds)", flush=True)
-    return pd.DataFrame(rows)
+    return pd.DataFrame([r for name in optimizers for method in config.mask_methods for seed in config.seeds
+                         for p in ps for r in runs[name, method, seed, p]])  # the table's order: as run before
 
 
 def mask_study(config: CnnStudyConfig, data: MnistSplits, progress: bool = True) -> pd.DataFrame:

@@ -13,7 +13,16 @@ from typing import Any
 
 import pandas as pd
 
-from study.gradients.verdicts import GAP_DECIMALS, bound_text, census, interval_sign, provisional, rate_trends, twins
+from study.gradients.verdicts import (
+    GAP_DECIMALS,
+    WEAK_SHARE,
+    bound_text,
+    census,
+    interval_sign,
+    provisional,
+    rate_trends,
+    twins,
+)
 from study.report.prose import TIMING_TOLERANCE, ceil, floor, num, signed, timing_side
 
 NAN = float("nan")
@@ -314,11 +323,16 @@ def gap_text(q: Mapping[str, Any], prefix: str, a: str, b: str, tau: int) -> str
 
     >>> q = {"gap_adam_sgd_4": -0.0141, "gap_low_adam_sgd_4": -0.023249, "gap_high_adam_sgd_4": -0.00017}
     >>> gap_text(q, "gap", "adam", "sgd", 4)
-    '−0.014 (−0.024 to 0.000)'
+    '−0.014 (−0.024 to 0.000, holds zero)'
+
+    An end that prints as 0.000 is marked "holds zero" (no verdict), and a verdict ``verdicts.census`` calls weak
+    (its ``weak_keys``) "weak".
     """
     key = f"{a}_{b}_{tau}"
     low, high = (bound_text(q[f"{prefix}_low_{key}"], "floor"), bound_text(q[f"{prefix}_high_{key}"], "ceil"))
-    return f"{signed(q[f'{prefix}_{key}'], decimals=GAP_DECIMALS)} ({low} to {high})"
+    marks = (["holds zero"] if "0.000" in (low, high) else []) + (
+        ["weak"] if f"{prefix}_{key}" in q.get("weak_keys", ()) else [])
+    return f"{signed(q[f'{prefix}_{key}'], decimals=GAP_DECIMALS)} ({low} to {high}{''.join(', ' + m for m in marks)})"
 
 
 def headline(metrics: dict[str, Any]) -> dict[str, str]:
@@ -357,7 +371,8 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
                     "tolerate late gradients" if prefix == "gap" and q.get(f"rate_dominates_{a}_{b}") else "")
             if shown:
                 out[f"staleness, each optimizer at {rate}: {a}'s test accuracy {lost} minus {b}'s, paired by seed "
-                    f"(mean and 95% interval, bounds rounded outward; negative: {a} loses less{note})"] = \
+                    f"(mean and 95% interval, bounds rounded outward; negative: {a} loses less; weak: the interval's "
+                    f"end nearer zero lies within {WEAK_SHARE:.0%} of its half-width of zero{note})"] = \
                     "; ".join(shown)
     f = metrics["fault_accounting"]
     out["faults: updates in the last checkpoint restored / lost with the ps / applied after the last restart"] = \

@@ -11,47 +11,17 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from study.report.prose import ceil, floor, num, printed_value, signed
+from study.intervals import DECIMALS, bound_text, interval_sign  # noqa: F401  (interval_sign: re-exported)
+from study.report.prose import num, signed
 
 NAN = float("nan")
-GAP_DECIMALS = 3
+GAP_DECIMALS = DECIMALS
 """Decimals every gap, loss and interval bound of the staleness study is printed with (prose, tables, SUMMARY); a
 verdict is read off the bounds as printed (``interval_sign``)."""
 WEAK_SHARE = 0.25
 """A verdict is called weak where its interval's end nearer zero lies within this share of the interval's half-width
 of zero: at 95% each, about one in twenty intervals of a gap whose true value is zero leaves out zero by chance, and
 those that do mostly end near it."""
-
-
-def interval_sign(low: float, high: float, decimals: int = GAP_DECIMALS) -> str:
-    """The verdict of a paired difference, read off its interval as the report prints it: each bound to ``decimals``
-    decimals, rounded outward (``low`` toward -inf, ``high`` toward +inf, ``prose.floor``/``ceil``). ``"+"`` when
-    the printed low end is above zero, ``"-"`` when the printed high end is below zero, ``"0"`` otherwise (the
-    interval holds zero: the run cannot tell), also where a bound is NaN (not measured). So an interval that only
-    leaves out zero in a decimal the report does not print counts as holding zero, and no verdict contradicts the
-    interval printed beside it.
-
-    >>> interval_sign(-0.039, -0.00017), interval_sign(-0.039, -0.0011), interval_sign(0.0004, 0.02)
-    ('0', '-', '0')
-    >>> interval_sign(0.0011, 0.02), interval_sign(float("nan"), float("nan"))
-    ('+', '0')
-    """
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return "0"
-    shown_low = printed_value(floor(low, "signed", 2, decimals))
-    shown_high = printed_value(ceil(high, "signed", 2, decimals))
-    return "+" if shown_low > 0 else "-" if shown_high < 0 else "0"
-
-
-def bound_text(x: float, rounding: str) -> str:
-    """An interval bound as the report prints it: signed, ``GAP_DECIMALS`` decimals, rounded outward (``"floor"``
-    for a low end, ``"ceil"`` for a high end); one that rounds to zero prints unsigned.
-
-    >>> bound_text(-0.023249, "floor"), bound_text(-0.283961, "ceil"), bound_text(-0.00017, "ceil")
-    ('−0.024', '−0.283', '0.000')
-    """
-    text = (floor if rounding == "floor" else ceil)(x, "signed", 2, GAP_DECIMALS)
-    return text[1:] if printed_value(text) == 0 else text
 
 
 def provisional(q: Mapping[str, Any], pairs: Sequence[tuple[str, str]], taus: Sequence[int]) -> dict[str, Any]:

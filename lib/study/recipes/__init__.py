@@ -26,6 +26,7 @@ the which-method table (``which_method``); this package re-exports their public 
 
 from __future__ import annotations
 
+from study.intervals import CONFIDENCE  # noqa: F401
 from study.recipes.labels import LABELS, OPTIMIZER_NAMES, method_label, optimizer_name  # noqa: F401
 from study.recipes.new_columns import new_columns_study  # noqa: F401
 from study.recipes.pruning import (  # noqa: F401

@@ -6,7 +6,8 @@ state only for the selected entries)."""
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import keras
 import numpy as np
@@ -17,6 +18,7 @@ from freezing.audit import changed_bits
 from freezing.determinism import enable_determinism
 from freezing.masked_optimizer import MaskedOptimizer
 from study.data import MnistSplits
+from study.intervals import bound_text, interval_sign, t_interval
 from study.optimizers import make_optimizer
 from study.recipes.setup import (
     SPARSE_METHODS,
@@ -265,3 +267,46 @@ def sparse_costs(runs: pd.DataFrame) -> dict:
             "same_bits": bool((pairs[0] == pairs[1]).all()),
         }
     return {"variants": variants, "by_fraction": by_fraction}
+
+
+LADDER_METHODS = ("last_layer", "sparse", "full")
+"""Recipe 4's methods that change only the entries they are allowed to: the rungs of its budget ladder."""
+
+
+def _paired(runs: pd.DataFrame, lower: str, upper: str, column: str) -> dict[str, Any]:
+    """``upper`` minus ``lower`` in ``column``, paired by seed: the mean, its t interval and its verdict."""
+    by = runs.pivot_table(index="seed", columns="variant", values=column)
+    diff = (by[upper] - by[lower]).dropna()
+    mean, low, high = t_interval(diff)
+    return {"lower": lower, "upper": upper, "mean": mean, "low": low, "high": high,
+            "low_text": bound_text(low, "floor"), "high_text": bound_text(high, "ceil"),
+            "sign": interval_sign(low, high), "seeds": int(len(diff))}
+
+
+def budget_ladder(runs: pd.DataFrame, label: Callable[[str], str] = str) -> dict[str, Any]:
+    """Recipe 4's budget ladder: the ``LADDER_METHODS`` variants in the order of their trained entries, and per
+    column (``acc_new``, ``forgetting``) each step up the ladder as a paired difference over seeds (the upper rung
+    minus the lower, ``study.intervals``), and the whole ladder's (the top rung minus the bottom one).
+
+    ``{"variants", "names" (``label`` of each), "entries", "steps": {column: [difference, ...]}, "ends": {column:
+    difference}, "means_rise": {column: every step's mean above zero}, "rises": {column: every step's interval above
+    zero}}``. A difference is ``{"lower", "upper", "lower_name", "upper_name", "mean", "low", "high", "low_text",
+    "high_text", "sign", "seeds"}``: its bounds as the report prints them (rounded outward) and its verdict read off
+    them (``interval_sign``: "+", "-", or "0" where the interval holds zero).
+    ``budget_ladder(r4.runs, recipes.method_label)``
+    """
+    budget = runs.groupby("variant")["trained_entries"].first().sort_values(kind="stable")
+    kind = runs.groupby("variant")["method"].first()
+    ladder = [str(v) for v in budget.index if kind[v] in LADDER_METHODS]
+    out: dict[str, Any] = {"variants": ladder, "names": [label(v) for v in ladder],
+                           "entries": [int(budget[v]) for v in ladder], "steps": {}, "ends": {}, "means_rise": {},
+                           "rises": {}}
+    for column in ("acc_new", "forgetting"):
+        steps = [_paired(runs, a, b, column) for a, b in zip(ladder, ladder[1:])]
+        ends = _paired(runs, ladder[0], ladder[-1], column)
+        for d in [*steps, ends]:
+            d["lower_name"], d["upper_name"] = label(d["lower"]), label(d["upper"])
+        out["steps"][column], out["ends"][column] = steps, ends
+        out["means_rise"][column] = all(s["mean"] > 0 for s in steps)
+        out["rises"][column] = all(s["sign"] == "+" for s in steps)
+    return out

@@ -334,6 +334,6 @@ METRIC_KINDS = {  # first match wins: a specific pattern before the general one 
     "duration_s": "timing",
     "traps[*]/error": "message", "**/methods/*/error": "message",
     "optimizer_names": "constant", "cnn_variables": "constant",
-    "sparse/methods/*/label": "constant",
+    "sparse/methods/*/label": "constant", "confidence": "constant", "sparse_ladder/**/seeds": "constant",
 }
 """What each value of study 05's ``metrics.json`` is (``study.report.kinds``); the rest are measured values."""
