@@ -439,10 +439,10 @@ def test_budget_ladder_reads_each_step_off_its_paired_interval():
     noisy = budget_ladder(_ladder_runs({"sparse 1%": [0.02, 0.02, 0.10], "full": [0.20, 0.21, 0.19]}))
     assert noisy["variants"] == ["last_layer", "sparse 1%", "full"]
     assert [d["sign"] for d in noisy["steps"]["acc_new"]] == ["0", "+"]  # means rise, the first interval holds zero
-    assert noisy["means_rise"]["acc_new"] and not noisy["rises"]["acc_new"]
+    assert noisy["means_rise"]["acc_new"] and not noisy["intervals_rise"]["acc_new"]
     assert noisy["ends"]["acc_new"]["sign"] == "+" and noisy["ends"]["acc_new"]["seeds"] == 3
     clear = budget_ladder(_ladder_runs({"sparse 1%": [0.05, 0.06, 0.05], "full": [0.20, 0.21, 0.19]}))
-    assert clear["rises"]["acc_new"] and clear["rises"]["forgetting"]
+    assert clear["intervals_rise"]["acc_new"] and clear["intervals_rise"]["forgetting"]
 
 
 @pytest.mark.parametrize("gain, said, not_said", [

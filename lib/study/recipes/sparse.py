@@ -289,10 +289,10 @@ def budget_ladder(runs: pd.DataFrame, label: Callable[[str], str] = str) -> dict
     minus the lower, ``study.intervals``), and the whole ladder's (the top rung minus the bottom one).
 
     ``{"variants", "names" (``label`` of each), "entries", "steps": {column: [difference, ...]}, "ends": {column:
-    difference}, "means_rise": {column: every step's mean above zero}, "rises": {column: every step's interval above
-    zero}}``. A difference is ``{"lower", "upper", "lower_name", "upper_name", "mean", "low", "high", "low_text",
-    "high_text", "sign", "seeds"}``: its bounds as the report prints them (rounded outward) and its verdict read off
-    them (``interval_sign``: "+", "-", or "0" where the interval holds zero).
+    difference}, "means_rise": {column: every step's mean above zero}, "intervals_rise": {column: every step's
+    interval above zero}}``. A difference is ``{"lower", "upper", "lower_name", "upper_name", "mean", "low", "high",
+    "low_text", "high_text", "sign", "seeds"}``: its bounds as the report prints them (rounded outward) and its verdict
+    read off them (``interval_sign``: "+", "-", or "0" where the interval holds zero).
     ``budget_ladder(r4.runs, recipes.method_label)``
     """
     budget = runs.groupby("variant")["trained_entries"].first().sort_values(kind="stable")
@@ -300,7 +300,7 @@ def budget_ladder(runs: pd.DataFrame, label: Callable[[str], str] = str) -> dict
     ladder = [str(v) for v in budget.index if kind[v] in LADDER_METHODS]
     out: dict[str, Any] = {"variants": ladder, "names": [label(v) for v in ladder],
                            "entries": [int(budget[v]) for v in ladder], "steps": {}, "ends": {}, "means_rise": {},
-                           "rises": {}}
+                           "intervals_rise": {}}
     for column in ("acc_new", "forgetting"):
         steps = [_paired(runs, a, b, column) for a, b in zip(ladder, ladder[1:])]
         ends = _paired(runs, ladder[0], ladder[-1], column)
@@ -308,5 +308,5 @@ def budget_ladder(runs: pd.DataFrame, label: Callable[[str], str] = str) -> dict
             d["lower_name"], d["upper_name"] = label(d["lower"]), label(d["upper"])
         out["steps"][column], out["ends"][column] = steps, ends
         out["means_rise"][column] = all(s["mean"] > 0 for s in steps)
-        out["rises"][column] = all(s["sign"] == "+" for s in steps)
+        out["intervals_rise"][column] = all(s["sign"] == "+" for s in steps)
     return out
