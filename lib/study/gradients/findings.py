@@ -23,7 +23,7 @@ from study.gradients.verdicts import (
     rate_trends,
     twins,
 )
-from study.report.prose import TIMING_TOLERANCE, ceil, floor, num, signed, timing_side
+from study.report.prose import TIMING_TOLERANCE, ceil, fixed, floor, signed, timing_side
 
 NAN = float("nan")
 RATE_DOMINATES = 2.0
@@ -337,10 +337,12 @@ def gap_text(q: Mapping[str, Any], prefix: str, a: str, b: str, tau: int) -> str
 
 def headline(metrics: dict[str, Any]) -> dict[str, str]:
     """The numbers ``results/SUMMARY.md`` shows for this study. ``headline(metrics)``"""
-    def ratio(v: dict[str, Any]) -> str:
-        spread = (f" ({floor(v['ratio_low'], 'num', 3)}–{ceil(v['ratio_high'], 'num', 3)})"
+    def ratio(v: dict[str, Any]) -> str:  # the median to 3 significant digits, its range at the same decimals
+        r = float(v["ratio"])
+        d = max(2 - math.floor(math.log10(abs(r))), 0) if math.isfinite(r) and r else 2
+        spread = (f" ({floor(v['ratio_low'], 'fixed', d)}–{ceil(v['ratio_high'], 'fixed', d)})"
                   if "ratio_low" in v and "ratio_high" in v else "")
-        return f"{num(v['ratio'], 3)}{spread}"
+        return f"{fixed(r, d)}{spread}"
 
     out = {f"{k}: time / one pass in the same mode (ratio; median and range over interleaved rounds)": ratio(v)
            for k, v in metrics["fetch_costs"].items() if v["ratio"] != 1.0 or "one" not in k.split("/")[1]}
