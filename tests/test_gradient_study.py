@@ -266,3 +266,34 @@ def test_summary_puts_the_retuned_gaps_first_and_labels_the_undelayed_ones_by_th
     assert "provisional" not in rows[keys[0]].split(";")[0]
     metrics["quoted"]["rate_dominates_adam_sgd"] = False
     assert not any("mostly measures" in k for k in findings.headline(metrics))
+
+
+def _curves_reaching(first: dict[tuple[str, int, int], float]) -> pd.DataFrame:
+    """Staleness curves of one rate per optimizer, 3 seeds, evaluated every 10 updates up to 100: accuracy jumps from
+    0.5 to 0.9 at ``first[(optimizer, tau, seed)]`` updates (inf: never)."""
+    rows = []
+    for (o, tau, seed), at in first.items():
+        for u in range(10, 101, 10):
+            acc = 0.9 if u >= at else 0.5
+            rows.append({"optimizer": o, "learning_rate": 0.1, "tau": tau, "seed": seed, "updates": u,
+                         "accuracy": acc, "val_accuracy": acc})
+    return pd.DataFrame(rows)
+
+
+def test_slowdowns_are_compared_paired_by_seed_and_only_where_every_seed_reached_the_target():
+    from study.gradients import staleness
+
+    first = {("adam", 0, s): 20 for s in range(3)} | {("sgd", 0, s): 20 for s in range(3)}
+    first |= {("adam", 1, 0): 40, ("adam", 1, 1): 40, ("adam", 1, 2): 60}  # 2.0, 2.0, 3.0
+    first |= {("sgd", 1, 0): 20, ("sgd", 1, 1): 30, ("sgd", 1, 2): 30}     # 1.0, 1.5, 1.5
+    first |= {("adam", 2, s): 50 for s in range(3)} | {("sgd", 2, 0): 40, ("sgd", 2, 1): 40,
+                                                      ("sgd", 2, 2): float("inf")}
+    curves = _curves_reaching(first)
+    gaps = staleness.slowdown_differences(curves, 0.85, [("adam", "sgd")]).set_index("tau")
+    assert gaps.loc[1, "slowdown_gap_mean"] == pytest.approx((1.0 + 0.5 + 1.5) / 3)
+    assert gaps.loc[1, "slowdown_gap_ci_low"] < 1.0 < gaps.loc[1, "slowdown_gap_ci_high"]
+    assert gaps.loc[1, "both_reached"] == 3
+    assert gaps.loc[2, "both_reached"] == 2 and np.isnan(gaps.loc[2, "slowdown_gap_ci_low"])  # sgd seed 2 never did
+    check = staleness.dai_check(curves, 0.85).set_index(["optimizer", "tau"])
+    assert check.loc[("adam", 1), "slowdown_ci_low"] < 7 / 3 < check.loc[("adam", 1), "slowdown_ci_high"]
+    assert np.isnan(check.loc[("sgd", 2), "slowdown_ci_low"]) and check.loc[("sgd", 2), "slowdown_mean"] == np.inf

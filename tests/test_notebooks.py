@@ -217,7 +217,11 @@ def test_05_recipes_prose_metrics(smoke_results):
     assert set(m["decimals"]) == {"new_columns", "pruning", "unfreezing", "sparse", "subnetwork"}
     assert m["optimizer_names"]["adamw"] == "AdamW"
     ladder = m["sparse_ladder"]  # the budget ordering the prose states: from the run, in increasing budget
-    assert ladder["entries"] == sorted(ladder["entries"]) and set(ladder["rises"]) == {"acc_new", "forgetting"}
+    assert ladder["entries"] == sorted(ladder["entries"]) and set(ladder["steps"]) == {"acc_new", "forgetting"}
+    for c, steps in ladder["steps"].items():  # each step's verdict is its printed interval's, and the summary theirs
+        assert len(steps) == len(ladder["entries"]) - 1
+        assert ladder["intervals_rise"][c] == all(d["sign"] == "+" for d in steps)
+        assert all((d["sign"] == "+") <= (d["low"] > 0) for d in steps)
 
 
 @pytest.mark.slow  # over 15 s: make test-slow (CI)

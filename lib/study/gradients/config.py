@@ -100,6 +100,15 @@ COLUMNS = {  # every table of study 04: column -> meaning (unit)
     "slowdown_mean": "mean over seeds of updates to reach the target / the same seed's updates at tau = 0 (ratio; "
                      "inf if a seed never reached it)",
     "slowdown_std": "std over seeds of that ratio; empty when a seed never reached the target (ratio)",
+    "slowdown_ci_low": "low end of the slowdown's 95% Student-t interval over seeds; empty unless every seed reached "
+                       "the target (ratio)",
+    "slowdown_ci_high": "high end of that interval (ratio)",
+    "both_reached": "seeds whose runs of both a and b reached staleness_target test accuracy (count)",
+    "slowdown_gap_mean": "mean over seeds of a's slowdown minus b's, paired by seed, each at its rate chosen on the "
+                         "validation split without delay (ratio of updates; negative: a slows down less); empty "
+                         "unless every seed of both reached the target",
+    "slowdown_gap_ci_low": "low end of that difference's 95% Student-t interval (ratio of updates)",
+    "slowdown_gap_ci_high": "high end of that difference's 95% Student-t interval (ratio of updates)",
     "drop_mean": "mean over seeds of final test accuracy at tau = 0 minus final test accuracy at this tau, the same "
                  "seed (absolute, fraction of test images)",
     "drop_std": "std over seeds of that drop (fraction)",

@@ -207,7 +207,8 @@ def _gaps(frame: pd.DataFrame, prefix: str, taus: Sequence[int]) -> dict[str, An
 
 def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.DataFrame,
                       grids: Mapping[str, Sequence[float]] | None = None,
-                      taus: Sequence[int] = (1, 2, 4, 8), retuned: pd.DataFrame | None = None) -> dict[str, Any]:
+                      taus: Sequence[int] = (1, 2, 4, 8), retuned: pd.DataFrame | None = None,
+                      slowdowns: pd.DataFrame | None = None) -> dict[str, Any]:
     """Dai et al.'s measure, the paired gaps with their intervals and the re-tuned accuracies, per optimizer and delay.
 
     Keys, for every optimizer ``<opt>`` of ``check`` and tau: ``slowdown_<opt>_<tau>``, ``slowdown_std_<opt>_<tau>``,
@@ -232,7 +233,13 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
     intervals and name the verdicts that only just leave out zero (``verdicts.census``). The Adam - SGD
     gap is also ``difference_<tau>`` / ``difference_se_<tau>`` (the headline's names), and ``tuned_gap_0`` is
     |Adam - SGD| at tau = 0. ``retuned`` (``staleness.tuned_differences``) adds the same keys under ``tgap``: the
-    test accuracy a lost to the delay minus what b lost, each at the rate re-chosen for that tau.
+    test accuracy a lost to the delay minus what b lost, each at the rate re-chosen for that tau. On Dai et al.'s own
+    measure: ``slowdown_low_<opt>_<tau>``/``slowdown_high_…`` (the slowdown's 95% interval) with
+    ``slowdown_sign_…`` (its interval against 1: "+" slower than without delay), and ``slowdowns``
+    (``staleness.slowdown_differences``) adds ``slow_<a>_<b>_<tau>`` (a's slowdown minus b's, paired by seed) with
+    ``slow_low_…``/``slow_high_…``/``slow_sign_…``, and ``slow_measured_<a>_<b>`` lists the delays where every
+    seed of both reached the target (elsewhere there is no interval); ``slow_intervals_read`` counts the slowdown
+    intervals at a delay.
 
     >>> check = pd.DataFrame({"tau": [2], "optimizer": ["adam"], "slowdown_mean": [3.4], "slowdown_std": [0.5],
     ...                       "drop_mean": [0.01], "drop_ci_low": [0.0], "drop_ci_high": [0.02], "reached": [8],
@@ -261,8 +268,11 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
         out[f"lr_at_edge_{o}"] = at_edge(o, out[f"lr_{o}"])
         for tau in (0, *taus):
             for name, column in (("slowdown", "slowdown_mean"), ("slowdown_std", "slowdown_std"),
+                                 ("slowdown_low", "slowdown_ci_low"), ("slowdown_high", "slowdown_ci_high"),
                                  ("drop", "drop_mean"), ("drop_low", "drop_ci_low"), ("drop_high", "drop_ci_high")):
                 out[f"{name}_{o}_{tau}"] = _at(at, (tau, o), column)
+            out[f"slowdown_sign_{o}_{tau}"] = interval_sign(out[f"slowdown_low_{o}_{tau}"] - 1,
+                                                            out[f"slowdown_high_{o}_{tau}"] - 1)
             out[f"drop_sign_{o}_{tau}"] = interval_sign(out[f"drop_low_{o}_{tau}"], out[f"drop_high_{o}_{tau}"])
             reached = _at(at, (tau, o), "reached")  # a count: an integer where measured
             out[f"reached_{o}_{tau}"] = int(reached) if math.isfinite(reached) else NAN
@@ -274,6 +284,14 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
             out[f"final_{o}_{tau}"] = out[f"tuned_{o}_0"] - out[f"drop_{o}_{tau}"]
     out.update(_gaps(differences, "gap", taus))
     out.update(_gaps(retuned if retuned is not None else pd.DataFrame(), "tgap", taus))
+    slow = (slowdowns if slowdowns is not None else pd.DataFrame()).rename(columns={
+        "slowdown_gap_mean": "mean", "slowdown_gap_ci_low": "ci_low", "slowdown_gap_ci_high": "ci_high"})
+    out.update(_gaps(slow, "slow", taus))
+    for a, b in list(dict.fromkeys(zip(slow["a"], slow["b"]))) if len(slow) else []:
+        out[f"slow_measured_{a}_{b}"] = [t for t in taus if math.isfinite(out[f"slow_low_{a}_{b}_{t}"])]
+    out["slow_intervals_read"] = sum(
+        1 for k, v in out.items() if k.startswith(("slow_low_", "slowdown_low_")) and not k.endswith("_0")
+        and isinstance(v, float) and math.isfinite(v))
     pairs = list(dict.fromkeys(zip(differences["a"], differences["b"]))) if len(differences) else []
     for tau in (0, *taus):  # the widest interval of any gap at this delay, as a half-width
         widths = [(out[f"gap_high_{a}_{b}_{tau}"] - out[f"gap_low_{a}_{b}_{tau}"]) / 2 for a, b in pairs]
@@ -307,14 +325,16 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
 
 def quoted(costs: pd.DataFrame, ps_runs: pd.DataFrame, placement: pd.DataFrame, sweep: pd.DataFrame,
            check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.DataFrame,
-           grids: Mapping[str, Sequence[float]] | None = None, retuned: pd.DataFrame | None = None) -> dict[str, Any]:
+           grids: Mapping[str, Sequence[float]] | None = None, retuned: pd.DataFrame | None = None,
+           slowdowns: pd.DataFrame | None = None) -> dict[str, Any]:
     """Every number notebook 04's prose quotes, in one flat dict (NaN where the run did not measure it).
 
-    ``grids`` are the learning-rate grids of the staleness study (to tell whether a re-tuned rate is at an edge).
+    ``grids`` are the learning-rate grids of the staleness study (to tell whether a re-tuned rate is at an edge);
+    ``slowdowns``: ``staleness.slowdown_differences`` (Dai et al.'s measure, paired by seed).
     """
     out: dict[str, Any] = {**fetch_numbers(costs), **cluster_numbers(ps_runs, placement)}
     out.update(n_push_numbers(sweep, out["model_mb"]))
-    out.update(staleness_numbers(check, differences, tuned, grids, retuned=retuned))
+    out.update(staleness_numbers(check, differences, tuned, grids, retuned=retuned, slowdowns=slowdowns))
     return {k: (NAN if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
 
 
@@ -376,6 +396,15 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
                     f"(mean and 95% interval, bounds rounded outward; negative: {a} loses less; weak: the interval's "
                     f"end nearer zero lies within {WEAK_SHARE:.0%} of its half-width of zero{note})"] = \
                     "; ".join(shown)
+    for pair in metrics.get("staleness_gap_pairs", [["adam", "sgd"]]):
+        a, b = pair
+        measured = q.get(f"slow_measured_{a}_{b}")
+        if measured is None:
+            continue
+        out[f"staleness, Dai et al.'s measure at the rates chosen without delay: {a}'s slowdown (updates to reach the "
+            f"target accuracy / the same seed's without delay) minus {b}'s, paired by seed (mean and 95% interval; —: "
+            f"a seed never reached the target)"] = "; ".join(
+            f"τ = {tau}: " + (gap_text(q, "slow", a, b, tau) if tau in measured else "—") for tau in (1, 2, 4, 8))
     f = metrics["fault_accounting"]
     out["faults: updates in the last checkpoint restored / lost with the ps / applied after the last restart"] = \
         f"{f['restored_version']} / {f['lost_with_ps']} / {f['applied_after_restart']}"

@@ -73,15 +73,17 @@ def accuracy_curves(runs: Mapping[str, Mapping[str, Any]]) -> plt.Figure:
 
 
 def n_push_sweep(table: pd.DataFrame) -> plt.Figure:
-    """Against n_push (= n_fetch), 2 workers: CPU time per step (workers, ps), steps/s, staleness, accuracy."""
+    """Against n_push (= n_fetch), 2 workers: CPU time per step (workers, ps), steps/s (on the workers' clocks: the
+    mean of the timed windows, with their std), staleness, accuracy."""
     table = table.sort_values("n_push")
     fig, axes = plt.subplots(1, 4, figsize=(15, 3.4), sharex=True)
     axes[0].plot(table["n_push"], 1e3 * table["worker_cpu_s_per_step"], marker="o", label="workers")
     axes[0].plot(table["n_push"], 1e3 * table["ps_cpu_s_per_step"], marker="s", label="ps tasks")
     axes[0].set(ylabel="CPU time per worker step (ms)", ylim=(0, None))
     axes[0].legend()
-    axes[1].errorbar(table["n_push"], table["steps_per_s"], yerr=table["steps_per_s_std"], marker="o", capsize=3)
-    axes[1].set(ylabel="steps per second, both workers (1/s)", ylim=(0, None))
+    rate = "steps_per_s_windows" if "steps_per_s_windows" in table.columns else "steps_per_s"  # older runs: chief's
+    axes[1].errorbar(table["n_push"], table[rate], yerr=table["steps_per_s_std"], marker="o", capsize=3)
+    axes[1].set(ylabel="steps per second, both workers (1/s)", ylim=(0, None))  # the windows' mean and their std
     axes[2].plot(table["n_push"], table["staleness_mean"], marker="o")
     axes[2].set(ylabel="mean staleness of a push (updates)", ylim=(0, 1.2 * float(table["staleness_mean"].max())))
     axes[3].plot(table["n_push"], table["final_accuracy"], marker="o", ls="none")  # runs of unequal training

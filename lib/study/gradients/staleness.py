@@ -24,6 +24,8 @@ from study.gradients.config import STALENESS_OPTIMIZERS, GradientStudyConfig
 from study.intervals import CONFIDENCE, t_interval  # noqa: F401  (re-exported: 04 reads staleness.CONFIDENCE)
 from study.validation import check_choice
 
+NAN = float("nan")
+
 
 def _mlp_init(seed: int, hidden: int = 64) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
@@ -288,34 +290,72 @@ def _drops(curves: pd.DataFrame, name: str, lr: float) -> dict[int, np.ndarray]:
             for tau in sorted(acc.index.get_level_values("tau").unique())}
 
 
+def _slowdowns(curves: pd.DataFrame, target: float) -> dict[str, tuple[float, dict[int, np.ndarray]]]:
+    """Per optimizer: its best tau=0 rate (chosen on the validation split), and per tau each seed's updates to reach
+    ``target`` test accuracy / the same seed's at tau=0, in seed order (inf where the seed never reached it)."""
+    steps = updates_to_target(curves, target)
+    out = {}
+    for name, lr in best_learning_rates(curves).items():
+        mine = steps[(steps["optimizer"] == name) & (steps["learning_rate"] == lr)].set_index(["tau", "seed"])
+        fresh = mine.loc[0, "updates_to_target"].sort_index()
+        out[name] = (lr, {int(tau): (mine.loc[tau, "updates_to_target"].sort_index() / fresh).to_numpy()
+                          for tau in sorted(mine.index.get_level_values("tau").unique())})
+    return out
+
+
+def _all_reached(x: np.ndarray) -> tuple[float, float, float]:
+    """``t_interval`` of ``x`` where every value is finite (every seed reached the target), else NaN."""
+    return t_interval(x) if len(x) and np.isfinite(x).all() else (float("inf"), NAN, NAN)
+
+
 def dai_check(curves: pd.DataFrame, target: float) -> pd.DataFrame:
     """Dai et al. (2019): adaptive optimizers slow down more under staleness than SGD. Per tau, at each optimizer's
     best tau=0 learning rate (chosen on the validation split): the slowdown (updates to reach ``target`` test
-    accuracy, / the same seed's at tau=0) and the drop in final test accuracy, as mean and std over seeds, with the
-    drop's ``CONFIDENCE`` interval (``drop_ci_low``, ``drop_ci_high``; paired by seed).
+    accuracy, / the same seed's at tau=0) and the drop in final test accuracy, as mean and std over seeds, each with
+    its ``CONFIDENCE`` interval over seeds (``slowdown_ci_low``/``_high``, ``drop_ci_low``/``_high``).
 
-    A run that never reaches the target has an infinite slowdown; ``reached`` counts the runs that did.
+    A run that never reaches the target has an infinite slowdown; ``reached`` counts the runs that did; the
+    slowdown's mean is infinite and its std and interval empty unless every seed reached it.
     """
-    best = best_learning_rates(curves)
-    steps = updates_to_target(curves, target)
     rows = []
-    for name, lr in best.items():
-        mine = steps[(steps["optimizer"] == name) & (steps["learning_rate"] == lr)].set_index(["tau", "seed"])
+    for name, (lr, slowdowns) in _slowdowns(curves, target).items():
         drops = _drops(curves, name, lr)
-        for tau in sorted(mine.index.get_level_values("tau").unique()):
-            slow = (mine.loc[tau, "updates_to_target"] / mine.loc[0, "updates_to_target"]).to_numpy()
+        for tau, slow in slowdowns.items():
             drop = drops[int(tau)]
-            finite = slow[np.isfinite(slow)]
             mean, low, high = t_interval(drop)
+            slow_mean, slow_low, slow_high = _all_reached(slow)
             rows.append({"optimizer": name, "learning_rate": lr, "tau": tau, "seeds": len(slow),
                          "reached": int(np.isfinite(slow).sum()),
-                         "slowdown_mean": float(np.mean(slow)) if len(finite) == len(slow) else float("inf"),
+                         "slowdown_mean": slow_mean,
                          # over the same seeds as the mean: undefined when a seed never reached the target
-                         "slowdown_std": float(np.std(slow, ddof=1)) if len(finite) == len(slow) > 1
-                         else float("nan"),
+                         "slowdown_std": float(np.std(slow, ddof=1)) if np.isfinite(slow).all() and len(slow) > 1
+                         else float("nan"), "slowdown_ci_low": slow_low, "slowdown_ci_high": slow_high,
                          "drop_mean": mean, "drop_std": float(np.std(drop, ddof=1)) if len(drop) > 1
                          else float("nan"), "drop_ci_low": low, "drop_ci_high": high})
     return pd.DataFrame(rows)
+
+
+def slowdown_differences(curves: pd.DataFrame, target: float, pairs: Sequence[tuple[str, str]]) -> pd.DataFrame:
+    """Dai et al.'s own measure compared: per pair (a, b) and tau, a's slowdown (updates to reach ``target`` test
+    accuracy / the same seed's at tau=0, each at its rate chosen on the validation split without delay) minus b's,
+    paired by seed, with its ``CONFIDENCE`` interval; empty where a seed of either never reached the target.
+
+    Columns: a, b, tau, seeds, both_reached (seeds where both reached it), slowdown_gap_mean, slowdown_gap_ci_low,
+    slowdown_gap_ci_high. ``slowdown_differences(curves, 0.85, [("adam", "sgd")])``
+    """
+    slow = _slowdowns(curves, target)
+    rows = []
+    for a, b in pairs:
+        if a not in slow or b not in slow:
+            continue
+        for tau in sorted(set(slow[a][1]) & set(slow[b][1])):
+            x, y = slow[a][1][tau], slow[b][1][tau]
+            both = np.isfinite(x) & np.isfinite(y)
+            mean, low, high = _all_reached(x - y) if both.all() else (NAN, NAN, NAN)
+            rows.append({"a": a, "b": b, "tau": tau, "seeds": len(x), "both_reached": int(both.sum()),
+                         "slowdown_gap_mean": mean, "slowdown_gap_ci_low": low, "slowdown_gap_ci_high": high})
+    return pd.DataFrame(rows, columns=["a", "b", "tau", "seeds", "both_reached", "slowdown_gap_mean",
+                                       "slowdown_gap_ci_low", "slowdown_gap_ci_high"])
 
 
 def paired_difference(curves: pd.DataFrame, a: str = "adam", b: str = "sgd") -> pd.DataFrame:

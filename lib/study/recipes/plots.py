@@ -7,6 +7,7 @@ are printed on the bars, since zero is the number that matters and a log axis ca
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -115,6 +116,18 @@ def _noise_note(rows: pd.DataFrame, column: str) -> str:
     if (spread < noise).all():
         return f"method means differ by at most {largest}, under 1 std: noise"
     return f"method means differ by at most {largest}; largest std {noise.max():.4f}"
+
+
+def coinciding(curves: pd.DataFrame, column: str, seed: Any = None) -> list[list[str]]:
+    """The groups of methods (labels, two or more) whose ``column`` is the same series, value for value, in the run of
+    ``seed`` (default: the first seed): lines a figure draws on top of each other. ``coinciding(curves, "accuracy")``
+    """
+    seed = curves["seed"].min() if seed is None else seed
+    series: dict[tuple, list[str]] = {}
+    for method, g in curves[curves["seed"] == seed].groupby("method", sort=False):
+        key = tuple(np.nan_to_num(g[column].to_numpy(dtype=float), nan=-1.0).tolist())
+        series.setdefault(key, []).append(method_label(method))
+    return [names for names in series.values() if len(names) > 1]
 
 
 def unfreezing(curves: pd.DataFrame, every: int, layers: Sequence[str]) -> plt.Figure:
