@@ -209,7 +209,8 @@ def _slowdowns(gaps: dict[tuple[str, str, int], tuple[float, float, float]]) -> 
     return pd.DataFrame(rows)
 
 
-def _metrics_04(slow: dict | None = None, adamw_slowdown: tuple[float, float] = (1.74, 2.26)) -> dict:
+def _metrics_04(slow: dict | None = None, adamw_slowdown: tuple[float, float] = (1.74, 2.26),
+                rate_margin: float | None = None) -> dict:
     """A fixed run of 04 (``tests/fixtures/04_run_85bdeed``, "the fixture run"), its quoted values recomputed from its
     tables by this code: a rerun of the study does not move what these tests check. It predates the slowdown
     intervals: ``slow`` (default ``SLOW``) gives the paired slowdown gaps and ``adamw_slowdown`` AdamW's interval at
@@ -228,7 +229,9 @@ def _metrics_04(slow: dict | None = None, adamw_slowdown: tuple[float, float] = 
         table["fetch_costs"], table["ps_runs"], table["ps_placement"], table["n_push_sweep"],
         check, table["staleness_gaps"], table["staleness_best_per_tau"].set_index("tau"),
         metrics["config"]["staleness_learning_rates"], retuned=table["staleness_retuned_gaps"],
-        slowdowns=_slowdowns(SLOW if slow is None else slow))
+        slowdowns=_slowdowns(SLOW if slow is None else slow),
+        rate_margin=(staleness.worst_peek_cost(pd.read_csv(out / "staleness_rate_grid.csv"))["value"]
+                     if rate_margin is None else rate_margin))
     metrics.setdefault("staleness_adamw_weight_decay", 0.004)  # not recorded in that run: Keras' default
     metrics.setdefault("test_images", 1000)  # not recorded in that run: the split of every run
     grid = pd.read_csv(out / "staleness_rate_grid.csv")
@@ -567,3 +570,16 @@ def test_02_a_shrinking_gap_across_p_is_not_called_a_trend(clear, said, not_said
     text = " ".join(prose.fill(_template("02_mnist_cnn_freezing", "At larger\np the mean gap"), metrics).split())
     assert "At larger p the mean gap is smaller" in text and "closes as p grows" not in text
     assert said in text and not_said not in text
+
+
+def test_04_a_retuned_verdict_within_the_rate_choice_margin_is_weak():
+    """The thirteenth reader's M item: re-tuned verdicts nearer zero than what choosing a rate can move were counted
+    unqualified."""
+    loose, strict = _metrics_04(rate_margin=0.0)["quoted"], _metrics_04(rate_margin=0.02)["quoted"]
+    retuned = [k for k in strict["weak_keys"] if k.startswith("tgap_")]
+    assert set(loose["weak_keys"]) < set(strict["weak_keys"]) and retuned  # only re-tuned verdicts are added
+    assert all(k in strict["weak_keys"] for k in loose["weak_keys"])
+    assert not set(strict["weak_keys"]) - set(loose["weak_keys"]) - set(retuned)
+    text = _staleness_text(_metrics_04(rate_margin=0.02))
+    assert "and so is one with the rates re-chosen whose interval ends within 0.020 of zero" in text
+    assert "within 0.000 of zero" not in _staleness_text(_metrics_04(rate_margin=0.0))

@@ -208,7 +208,7 @@ def _gaps(frame: pd.DataFrame, prefix: str, taus: Sequence[int]) -> dict[str, An
 def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.DataFrame,
                       grids: Mapping[str, Sequence[float]] | None = None,
                       taus: Sequence[int] = (1, 2, 4, 8), retuned: pd.DataFrame | None = None,
-                      slowdowns: pd.DataFrame | None = None) -> dict[str, Any]:
+                      slowdowns: pd.DataFrame | None = None, rate_margin: float = 0.0) -> dict[str, Any]:
     """Dai et al.'s measure, the paired gaps with their intervals and the re-tuned accuracies, per optimizer and delay.
 
     Keys, for every optimizer ``<opt>`` of ``check`` and tau: ``slowdown_<opt>_<tau>``, ``slowdown_std_<opt>_<tau>``,
@@ -309,7 +309,7 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
     out.update(provisional(out, pairs, taus))
     out.update(rate_trends(out, names, taus))
     out.update(twins(out, pairs, taus))
-    out.update(census(out, pairs, taus))
+    out.update(census(out, pairs, taus, rate_margin))
     for a, b in pairs:  # does re-choosing the rates for the delay shrink the gap to a fraction of itself?
         judged = [t for t in taus if t != 0 and out[f"gap_sign_{a}_{b}_{t}"] != "0"
                   and not math.isnan(out.get(f"tgap_{a}_{b}_{t}", NAN))]
@@ -326,15 +326,18 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
 def quoted(costs: pd.DataFrame, ps_runs: pd.DataFrame, placement: pd.DataFrame, sweep: pd.DataFrame,
            check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.DataFrame,
            grids: Mapping[str, Sequence[float]] | None = None, retuned: pd.DataFrame | None = None,
-           slowdowns: pd.DataFrame | None = None) -> dict[str, Any]:
+           slowdowns: pd.DataFrame | None = None, rate_margin: float = 0.0) -> dict[str, Any]:
     """Every number notebook 04's prose quotes, in one flat dict (NaN where the run did not measure it).
 
     ``grids`` are the learning-rate grids of the staleness study (to tell whether a re-tuned rate is at an edge);
-    ``slowdowns``: ``staleness.slowdown_differences`` (Dai et al.'s measure, paired by seed).
+    ``slowdowns``: ``staleness.slowdown_differences`` (Dai et al.'s measure, paired by seed); ``rate_margin``: the
+    most test accuracy choosing a rate on validation gave up (``staleness.worst_peek_cost``), below which a re-tuned
+    verdict is weak (``verdicts.census``).
     """
     out: dict[str, Any] = {**fetch_numbers(costs), **cluster_numbers(ps_runs, placement)}
     out.update(n_push_numbers(sweep, out["model_mb"]))
-    out.update(staleness_numbers(check, differences, tuned, grids, retuned=retuned, slowdowns=slowdowns))
+    out.update(staleness_numbers(check, differences, tuned, grids, retuned=retuned, slowdowns=slowdowns,
+                                 rate_margin=rate_margin))
     return {k: (NAN if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
 
 

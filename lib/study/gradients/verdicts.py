@@ -94,7 +94,8 @@ def rate_trends(q: Mapping[str, Any], names: Sequence[str], taus: Sequence[int])
     return out
 
 
-def census(q: Mapping[str, Any], pairs: Sequence[tuple[str, str]], taus: Sequence[int]) -> dict[str, Any]:
+def census(q: Mapping[str, Any], pairs: Sequence[tuple[str, str]], taus: Sequence[int],
+           rate_margin: float = 0.0) -> dict[str, Any]:
     """The gap intervals at a delay the section's tables hold, counted three ways, and the verdicts that only just
     leave out zero.
 
@@ -102,8 +103,10 @@ def census(q: Mapping[str, Any], pairs: Sequence[tuple[str, str]], taus: Sequenc
     ``intervals_distinct``: those left once two that are the same runs (where the rate re-chosen for a delay is the
     undelayed one, both gaps are one interval) count once; ``intervals_separate``: the distinct ones left once a
     twin's gaps against SGD (``twins``) count with their base's. ``weak_verdicts`` (and ``weak_verdict_count``):
-    separate intervals with a verdict whose end nearer zero lies within ``WEAK_SHARE`` of the half-width of zero
-    (``weak_keys``: every weak interval's ``<prefix>_<a>_<b>_<tau>``, copies included, for the prose to mark).
+    separate intervals with a verdict whose end nearer zero lies within ``WEAK_SHARE`` of the half-width of zero, or,
+    for an interval with the rates re-chosen, within ``rate_margin`` of zero (the most test accuracy choosing a rate
+    on validation gave up: a gap that small is within what the choice of rate alone can move). ``weak_keys``: every
+    weak interval's ``<prefix>_<a>_<b>_<tau>``, copies included, for the prose to mark.
     ``borderline_verdicts`` (and ``borderline_count``): separate intervals that hold zero as printed (the one rule
     every verdict is read by, ``interval_sign``) but leave it out before rounding, each with that unrounded end.
 
@@ -112,6 +115,9 @@ def census(q: Mapping[str, Any], pairs: Sequence[tuple[str, str]], taus: Sequenc
     (['a − b at τ = 1, undelayed rates (−0.047 to −0.002)'], ['gap_a_b_1'])
     >>> census({**q, "gap_high_a_b_1": -0.0120}, [("a", "b")], (1,))["weak_verdict_count"]
     0
+    >>> t = {"tgap_sign_a_b_1": "-", "tgap_low_a_b_1": -0.014, "tgap_high_a_b_1": -0.0030}
+    >>> census(t, [("a", "b")], (1,), rate_margin=0.0037)["weak_keys"], census(t, [("a", "b")], (1,))["weak_keys"]
+    (['tgap_a_b_1'], [])
     >>> near = census({**q, "gap_sign_a_b_1": "0", "gap_high_a_b_1": -0.00017}, [("a", "b")], (1,))
     >>> near["borderline_verdicts"], near["weak_verdict_count"]
     (['a − b at τ = 1, undelayed rates (−0.047 to 0.000; high end −0.00017 before rounding)'], 0)
@@ -132,7 +138,10 @@ def census(q: Mapping[str, Any], pairs: Sequence[tuple[str, str]], taus: Sequenc
 
     def is_weak(key: tuple[str, str, int, float, float]) -> bool:
         low, high = key[3], key[4]
-        return signs[key] != "0" and min(abs(low), abs(high)) < WEAK_SHARE * (high - low) / 2  # near end vs half
+        near = min(abs(low), abs(high))
+        retuned = "rates re-chosen" in seen[key]
+        return signs[key] != "0" and (near < WEAK_SHARE * (high - low) / 2  # near end vs half-width
+                                      or (retuned and near < rate_margin))  # within what the rate choice can move
 
     weak, borderline = [], []
     for a, b, tau, low, high in separate:
@@ -151,4 +160,5 @@ def census(q: Mapping[str, Any], pairs: Sequence[tuple[str, str]], taus: Sequenc
     return {"intervals_read": sum(len(v) for v in seen.values()), "intervals_distinct": len(seen),
             "intervals_separate": len(separate), "weak_verdicts": weak, "weak_verdict_count": len(weak),
             "weak_keys": weak_keys,
-            "borderline_verdicts": borderline, "borderline_count": len(borderline), "weak_share": WEAK_SHARE}
+            "borderline_verdicts": borderline, "borderline_count": len(borderline), "weak_share": WEAK_SHARE,
+            "rate_margin": rate_margin}
