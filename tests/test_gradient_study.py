@@ -207,6 +207,14 @@ def test_interval_bounds_are_rounded_outward_in_the_tables_and_summary():
     assert "τ = 4: −0.012 (−0.024 to 0.000, holds zero)" in undelayed  # SUMMARY says what the notebook says
     assert "τ = 8: −0.050 (−0.065 to −0.035)" in retuned and "τ = 8: −0.050 (−0.065 to −0.035," not in retuned
     assert "τ = 4: −0.050 (−0.065 to −0.035, weak)" in retuned and "τ = 2: −0.050 (−0.065 to −0.035);" in retuned
+    header = next(k for k in rows if "re-chose for each delay" in k)
+    assert "nearer zero than" not in header  # no rate margin measured: the 25% rule alone
+    q["quoted"]["rate_margin"] = 0.0037
+    rows = findings.headline(q)
+    header = next(k for k in rows if "re-chose for each delay" in k)
+    undelayed_header = next(k for k in rows if "without delay" in k)
+    assert "or, as printed, nearer zero than 0.004, what choosing a rate on validation gave up" in header
+    assert "nearer zero than" not in undelayed_header  # the margin rule is the re-tuned gaps' only
 
 
 def test_the_widest_gap_interval_is_found_over_every_delay():

@@ -383,6 +383,11 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
     q = metrics.get("quoted", {})
     rows = (("tgap", "the rate the validation split re-chose for each delay", "lost to the delay"),
             ("gap", "the rate the validation split chose without delay", "lost"))  # the re-chosen rates first
+    def margin(prefix: str) -> str:  # the second weak rule, for the re-tuned rows (``verdicts.census``)
+        m = q.get("rate_margin", 0.0)
+        return (f", or, as printed, nearer zero than {ceil(m, 'fixed', GAP_DECIMALS)}, what choosing a rate on "
+                "validation gave up" if prefix == "tgap" and isinstance(m, float) and m > 0 else "")
+
     for pair in metrics.get("staleness_gap_pairs", [["adam", "sgd"]]):
         a, b = pair
         for prefix, rate, lost in rows:
@@ -397,8 +402,8 @@ def headline(metrics: dict[str, Any]) -> dict[str, str]:
             if shown:
                 out[f"staleness, each optimizer at {rate}: {a}'s test accuracy {lost} minus {b}'s, paired by seed "
                     f"(mean and 95% interval, bounds rounded outward; negative: {a} loses less; weak: the interval's "
-                    f"end nearer zero lies within {WEAK_SHARE:.0%} of its half-width of zero{note})"] = \
-                    "; ".join(shown)
+                    f"end nearer zero lies within {WEAK_SHARE:.0%} of its half-width of zero{margin(prefix)}"
+                    f"{note})"] = "; ".join(shown)
     for pair in metrics.get("staleness_gap_pairs", [["adam", "sgd"]]):
         a, b = pair
         measured = q.get(f"slow_measured_{a}_{b}")

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from study.intervals import DECIMALS, bound_text, interval_sign  # noqa: F401  (interval_sign: re-exported)
-from study.report.prose import num, signed
+from study.report.prose import ceil, num, printed_value, signed
 
 NAN = float("nan")
 GAP_DECIMALS = DECIMALS
@@ -104,8 +104,9 @@ def census(q: Mapping[str, Any], pairs: Sequence[tuple[str, str]], taus: Sequenc
     undelayed one, both gaps are one interval) count once; ``intervals_separate``: the distinct ones left once a
     twin's gaps against SGD (``twins``) count with their base's. ``weak_verdicts`` (and ``weak_verdict_count``):
     separate intervals with a verdict whose end nearer zero lies within ``WEAK_SHARE`` of the half-width of zero, or,
-    for an interval with the rates re-chosen, within ``rate_margin`` of zero (the most test accuracy choosing a rate
-    on validation gave up: a gap that small is within what the choice of rate alone can move). ``weak_keys``: every
+    for an interval with the rates re-chosen, an end nearer zero than ``rate_margin`` (the most test accuracy choosing
+    a rate on validation gave up: a gap that small is within what the choice of rate alone can move), both as printed
+    (``GAP_DECIMALS`` decimals, rounded outward). ``weak_keys``: every
     weak interval's ``<prefix>_<a>_<b>_<tau>``, copies included, for the prose to mark.
     ``borderline_verdicts`` (and ``borderline_count``): separate intervals that hold zero as printed (the one rule
     every verdict is read by, ``interval_sign``) but leave it out before rounding, each with that unrounded end.
@@ -115,7 +116,7 @@ def census(q: Mapping[str, Any], pairs: Sequence[tuple[str, str]], taus: Sequenc
     (['a − b at τ = 1, undelayed rates (−0.047 to −0.002)'], ['gap_a_b_1'])
     >>> census({**q, "gap_high_a_b_1": -0.0120}, [("a", "b")], (1,))["weak_verdict_count"]
     0
-    >>> t = {"tgap_sign_a_b_1": "-", "tgap_low_a_b_1": -0.014, "tgap_high_a_b_1": -0.0030}
+    >>> t = {"tgap_sign_a_b_1": "-", "tgap_low_a_b_1": -0.014, "tgap_high_a_b_1": -0.0038}
     >>> census(t, [("a", "b")], (1,), rate_margin=0.0037)["weak_keys"], census(t, [("a", "b")], (1,))["weak_keys"]
     (['tgap_a_b_1'], [])
     >>> near = census({**q, "gap_sign_a_b_1": "0", "gap_high_a_b_1": -0.00017}, [("a", "b")], (1,))
@@ -136,12 +137,15 @@ def census(q: Mapping[str, Any], pairs: Sequence[tuple[str, str]], taus: Sequenc
     twins = {t: q.get(f"twin_{t}", "") for t in TWINS}
     separate = [k for k in seen if not (k[1] == "sgd" and twins.get(k[0]))]
 
+    margin = printed_value(ceil(rate_margin, "fixed", GAP_DECIMALS)) if rate_margin > 0 else 0.0  # as printed
+
     def is_weak(key: tuple[str, str, int, float, float]) -> bool:
         low, high = key[3], key[4]
         near = min(abs(low), abs(high))
+        shown = abs(printed_value(bound_text(high, "ceil") if high < 0 else bound_text(low, "floor")))  # as printed
         retuned = "rates re-chosen" in seen[key]
         return signs[key] != "0" and (near < WEAK_SHARE * (high - low) / 2  # near end vs half-width
-                                      or (retuned and near < rate_margin))  # within what the rate choice can move
+                                      or (retuned and shown < margin))  # within what the rate choice can move
 
     weak, borderline = [], []
     for a, b, tau, low, high in separate:

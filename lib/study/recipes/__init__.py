@@ -36,6 +36,7 @@ from study.recipes.pruning import (  # noqa: F401
     magnitude_mask,
     pretrain_cnns,
     pruning_study,
+    pruning_twin,
 )
 from study.recipes.setup import (  # noqa: F401
     COLUMNS,

@@ -192,3 +192,23 @@ def pruning_study(config: RecipesConfig, data: MnistSplits, states: Mapping[int,
     dense_ms = float(np.mean([s.step_time_ms for s in states.values()]))
     return StudyResult(runs.drop(columns="weights"), pd.DataFrame(diagnosis),
                        {"dense_adam_step_time_ms": dense_ms, "fresh_gradient_mask": pd.DataFrame(fresh_rows)})
+
+
+def pruning_twin(runs: pd.DataFrame, a: str = "adam", b: str = "adamw") -> dict[str, int]:
+    """Whether recipe 2's runs under ``b`` repeat those under ``a``: over the runs paired by (method, sparsity,
+    seed), how many have the same ``moved`` and ``sparsity_kept`` (``same_counts``) and the same final accuracy
+    (``same_accuracy``); ``runs`` is 0 where either optimizer did not run. ``pruning_twin(r2.runs)``
+
+    >>> r = pd.DataFrame({"optimizer": ["adam", "adamw"], "method": ["exact"] * 2, "sparsity": [0.5] * 2,
+    ...                   "seed": [0] * 2, "moved": [0, 0], "sparsity_kept": [1.0, 1.0], "acc_finetuned": [0.9, 0.91]})
+    >>> pruning_twin(r)
+    {'runs': 1, 'same_counts': 1, 'same_accuracy': 0}
+    """
+    if not {a, b} <= set(runs["optimizer"]):
+        return {"runs": 0, "same_counts": 0, "same_accuracy": 0}
+    keys = ["method", "sparsity", "seed"]
+    x, y = (runs[runs["optimizer"] == o].set_index(keys).sort_index() for o in (a, b))
+    x, y = x.align(y, join="inner", axis=0)
+    same = (x["moved"] == y["moved"]) & (x["sparsity_kept"] == y["sparsity_kept"])
+    return {"runs": int(len(x)), "same_counts": int(same.sum()),
+            "same_accuracy": int((x["acc_finetuned"] == y["acc_finetuned"]).sum())}
