@@ -238,8 +238,7 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
     ``slowdown_sign_…`` (its interval against 1: "+" slower than without delay), and ``slowdowns``
     (``staleness.slowdown_differences``) adds ``slow_<a>_<b>_<tau>`` (a's slowdown minus b's, paired by seed) with
     ``slow_low_…``/``slow_high_…``/``slow_sign_…``, and ``slow_measured_<a>_<b>`` lists the delays where every
-    seed of both reached the target (elsewhere there is no interval); ``slow_intervals_read`` counts the slowdown
-    intervals at a delay.
+    seed of both reached the target (elsewhere there is no interval).
 
     >>> check = pd.DataFrame({"tau": [2], "optimizer": ["adam"], "slowdown_mean": [3.4], "slowdown_std": [0.5],
     ...                       "drop_mean": [0.01], "drop_ci_low": [0.0], "drop_ci_high": [0.02], "reached": [8],
@@ -289,9 +288,6 @@ def staleness_numbers(check: pd.DataFrame, differences: pd.DataFrame, tuned: pd.
     out.update(_gaps(slow, "slow", taus))
     for a, b in list(dict.fromkeys(zip(slow["a"], slow["b"]))) if len(slow) else []:
         out[f"slow_measured_{a}_{b}"] = [t for t in taus if math.isfinite(out[f"slow_low_{a}_{b}_{t}"])]
-    out["slow_intervals_read"] = sum(
-        1 for k, v in out.items() if k.startswith(("slow_low_", "slowdown_low_")) and not k.endswith("_0")
-        and isinstance(v, float) and math.isfinite(v))
     pairs = list(dict.fromkeys(zip(differences["a"], differences["b"]))) if len(differences) else []
     for tau in (0, *taus):  # the widest interval of any gap at this delay, as a half-width
         widths = [(out[f"gap_high_{a}_{b}_{tau}"] - out[f"gap_low_{a}_{b}_{tau}"]) / 2 for a, b in pairs]
