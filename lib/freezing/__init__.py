@@ -9,7 +9,8 @@ One module per idea:
                           optimizer honours exactly, in ``compile``/``fit``, custom loops and under
                           ``tf.distribute``; its parts: ``_masks`` (masks as state, the path each implies),
                           ``_write_path`` (the guard: frozen bits only ever copied; the table of the
-                          per-variable paths and the one function that chooses; the trace-time check),
+                          per-variable paths and the one function that chooses; weight decay held and
+                          folded into the update's write), ``_trace_check`` (no write but the guard's),
                           ``_restore`` (eager steps: the frozen bits selected back), ``_tuning`` (its
                           thresholds: speed only, not API), ``_keras_api`` (every private Keras/TensorFlow
                           name, checked at build), ``_surface`` (the inner optimizer's options seen

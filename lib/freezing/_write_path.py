@@ -57,12 +57,16 @@ all-True mask give Keras' bits, so ``select`` is exact for an unmasked variable 
 The thresholds (``freezing._tuning``) change speed, never bits; ``make bench``'s ``hold_unfused`` and
 ``frozen_half_undispatched`` rows measure what each buys.
 
-**The check.** When a step is traced, every op the inner optimizer's ``apply`` (or weight decay, or
-``finalize_variable_values``) added to the graph is inspected, and so are the graphs of the functions
-those ops run (``cond`` branches, loop bodies, nested ``tf.function`` s): a write to a guarded variable
-that its owner's guard did not make (its ops carry the owner's random name scope, ``Guards.token``)
-raises ``RuntimeError`` at trace time, whatever method, op or name made it, so a Keras release that
-reroutes its writes fails loudly instead of moving frozen entries.
+**A held weight decay.** In a graph, for the optimizers in ``FOLDS`` (whose ``update_step`` never reads the
+variable), Keras' weight decay of a masked variable (an ``assign_sub`` before its ``update_step``) is not written:
+it is held, and the next guarded write of the variable subtracts it first, in the same select -- ``keras``: Keras'
+own decay, then Keras' own update; ``skip``: dropped (a wholly frozen variable keeps every entry); ``select``:
+``where(keep, (old - decay) - delta, old)``, the bits of the two writes in turn; held past the update: written
+alone at the step's end. One masked pass instead of two (``make bench``'s ``hold_adamw`` row).
+``freezing._trace_check.check_unread`` raises at trace time if an op read the variable in between.
+
+**The check** (``freezing._trace_check``): at trace time, a write to a guarded variable that its owner's guard
+did not make raises ``RuntimeError``, so a Keras release that reroutes its writes fails loudly.
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ import tensorflow as tf
 from freezing import _keras_api as api
 from freezing import _masks, _restore
 from freezing._masks import FROZEN, UNMASKED
+from freezing._trace_check import check_unread, check_writes
 from freezing._tuning import WriteTuning
 from freezing.selection import variable_path
 
@@ -90,6 +95,10 @@ ELEMENTWISE = (
     keras.optimizers.Adadelta, keras.optimizers.Ftrl, keras.optimizers.Lion,
 )
 """Keras optimizers whose update of an entry reads only that entry's gradient and state."""
+
+FOLDS = tuple(t for t in ELEMENTWISE if t is not keras.optimizers.Ftrl)
+"""Keras optimizers (these classes exactly) whose ``update_step`` never reads the variable it updates: in a graph
+their weight decay is held and folded into the update's write (``check_unread`` checks that nothing read it)."""
 
 WRITE_METHODS = (
     "assign", "assign_add", "assign_sub",
@@ -132,13 +141,33 @@ class Target:
 
 
 class Entry:
-    """One model variable in one step: its mode, its own target and its optimizer variables' targets."""
+    """One model variable in one step: its mode, its own target, its optimizer variables' targets, and its held
+    weight decay (per ``tf.Variable`` behind it: the value, and the graph and op count where it was held)."""
 
-    __slots__ = ("variable", "mode", "target", "slots")
+    __slots__ = ("variable", "mode", "target", "slots", "folds", "held", "updated")
 
-    def __init__(self, variable: Any, mode: Callable[[], Any], target: Target, slots: list[tuple[Any, Target, bool]]):
+    def __init__(self, variable: Any, mode: Callable[[], Any], target: Target, slots: list[tuple[Any, Target, bool]],
+                 folds: bool = False):
         self.variable, self.mode, self.target = variable, mode, target
         self.slots = slots  # (optimizer variable, its target, whether update_step updates it)
+        self.folds = folds  # whether its weight decay is held for its update's write (FOLDS)
+        self.held: dict[int, Held] = {}  # per tf.Variable: until the next guarded write to it takes it
+        self.updated: set[int] = set()  # the tf.Variables whose update_step has begun: nothing more is held
+
+    def hold(self, component: Any, value: tf.Tensor) -> None:
+        graph = api.default_graph()
+        self.held[id(component)] = (component, value, graph, len(graph.get_operations()))
+
+
+Held = tuple[Any, tf.Tensor, Any, int]
+"""A held weight decay: the ``tf.Variable``, the value to subtract, and the graph and op count where it was held."""
+
+
+def _unread(held: Held, token: str) -> tf.Tensor:
+    """The held value, once no op has read its variable since it was held (``check_unread``)."""
+    component, value, graph, start = held
+    check_unread(component, graph, start, token)
+    return value
 
 
 class Guards:
@@ -259,38 +288,49 @@ class _Guard:
             if args and isinstance(args[0], tf.IndexedSlices):  # a dense method given rows: scatter them, as Keras'
                 scatter = _Guard(self.variable, DENSE[self.method], self.fused, self.owners)  # TF optimizer does
                 return scatter._scatter(target, args[0])
-            return self._dense(target, *args, fuse_above=guards.tuning.fuse_above, **kwargs)
+            entry = guards.entry(self.variable) if _in_graph() else None  # None for an optimizer variable
+            k = id(self.variable)
+            if (entry is not None and entry.folds and self.method == "assign_sub" and k not in entry.updated
+                    and k not in entry.held):  # the weight decay, before the update: held for the next write
+                entry.hold(self.variable, tf.convert_to_tensor(args[0], dtype=self.variable.dtype))
+                return self.variable if kwargs.get("read_value", True) is not False else None
+            held = entry.held.pop(k, None) if entry is not None else None
+            decay = None if held is None else _unread(held, guards.token)
+            return self._dense(target, *args, fuse_above=guards.tuning.fuse_above, decay=decay, **kwargs)
 
     def _frozen(self, target: Target, old: tf.Tensor) -> tf.Tensor:
         if target.source is None:
             return old
         return tf.cast(tf.convert_to_tensor(target.source), old.dtype)
 
-    def _dense(self, target: Target, value: Any, *args: Any, fuse_above: int = 1 << 17, **kwargs: Any) -> Any:
+    def _dense(self, target: Target, value: Any, *args: Any, fuse_above: int = 1 << 17, decay: tf.Tensor | None = None,
+               **kwargs: Any) -> Any:
+        """The masked write; ``decay``, a held weight decay, is subtracted first, in the same select (the entries the
+        write keeps get exactly the bits of the two writes in turn, the others theirs)."""
         var = self.variable
         value = tf.convert_to_tensor(value, dtype=var.dtype)
         keep = target.keep()
         if target.source is None and _in_graph() and not api.in_xla() and _size(var) >= fuse_above:
-            return self._fused_write(value, keep, kwargs)
+            return self._fused_write(value, keep, kwargs, decay)
         old = var.value()
-        new = {"assign": lambda: value, "assign_add": lambda: old + value,
-               "assign_sub": lambda: old - value}[self.method]()
+        new = _new(self.method, old if decay is None else old - decay, value)
         assign = type(var).assign
         return assign(var, _masks.where(keep, new, self._frozen(target, old), old), *args, **kwargs)
 
-    def _fused_write(self, value: tf.Tensor, keep: tf.Tensor, kwargs: dict[str, Any]) -> Any:
+    def _fused_write(self, value: tf.Tensor, keep: tf.Tensor, kwargs: dict[str, Any], decay: tf.Tensor | None) -> Any:
         var, method = self.variable, self.method
-        fn = self.fused.get(method)
+        name = method if decay is None else f"decay_then_{method}"
+        fn = self.fused.get(name)
         if fn is None:
             assign = type(var).assign
 
-            def write(value: tf.Tensor, keep: tf.Tensor) -> None:
+            def write(value: tf.Tensor, keep: tf.Tensor, *decay: tf.Tensor) -> None:
                 old = var.value()
-                new = {"assign": value, "assign_add": old + value, "assign_sub": old - value}[method]
+                new = _new(method, old - decay[0] if decay else old, value)
                 assign(var, _select_bits(keep, new, old), read_value=False)
 
-            fn = self.fused[method] = tf.function(write, jit_compile=True, autograph=False)
-        fn(value, keep)
+            fn = self.fused[name] = tf.function(write, jit_compile=True, autograph=False)
+        fn(value, keep, *(() if decay is None else (decay,)))
         return var if kwargs.get("read_value", True) is not False else None
 
     def _scatter(self, target: Target, delta: Any, *args: Any, **kwargs: Any) -> Any:
@@ -318,6 +358,11 @@ class _Guard:
         else:
             type(var).scatter_update(var, tf.IndexedSlices(back, indices, delta.dense_shape))
         return result
+
+
+def _new(method: str, old: tf.Tensor, value: tf.Tensor) -> tf.Tensor:
+    """What the dense write method ``method`` writes, from the value it reads."""
+    return {"assign": lambda: value, "assign_add": lambda: old + value, "assign_sub": lambda: old - value}[method]()
 
 
 _BITS = {tf.float16: tf.int16, tf.bfloat16: tf.int16, tf.float32: tf.int32, tf.float64: tf.int64}
@@ -353,65 +398,6 @@ def install(variable: Any, guards: Guards) -> None:
                 object.__setattr__(component, method, _Guard(component, method, fused, owners))
 
 
-# -- the trace-time check -------------------------------------------------------------------------
-CALLS = ("If", "StatelessIf", "Case", "StatelessCase", "While", "StatelessWhile", "PartitionedCall",
-         "StatefulPartitionedCall")
-"""Op types that run functions of their own (branches, loop bodies, nested ``tf.function`` s): the check
-reads their graphs too."""
-
-
-def _is_write(op: Any) -> bool:
-    return op.type.startswith(("Assign", "ResourceScatter", "ResourceApply", "ResourceSparseApply",
-                               "ResourceStridedSliceAssign"))
-
-
-def _handles(graph: Any, variables: Sequence[Any]) -> dict[int, str]:
-    """``id`` of every tensor that stands for a guarded variable's handle in ``graph`` -> its path."""
-    found: dict[int, str] = {}
-    for v in variables:
-        for component in api.components(v):
-            found[id(component.handle)] = variable_path(v)
-    chain = []
-    g = graph
-    while g is not None:
-        chain.append(g)
-        g = getattr(g, "outer_graph", None)
-    for g in reversed(chain):
-        for external, internal in getattr(g, "captures", ()):
-            if id(external) in found:
-                found[id(internal)] = found[id(external)]
-    return found
-
-
-def _check_ops(ops: Sequence[Any], handles: dict[int, str], token: str, who: str) -> None:
-    for op in ops:
-        if token in op.name:  # the owner's own write, or a function it made (the fused write)
-            continue
-        if _is_write(op):
-            path = handles.get(id(op.inputs[0])) if op.inputs else None
-            if path is not None:
-                raise RuntimeError(
-                    f"MaskedOptimizer: {who} wrote {path!r} with {op.type} (op {op.name!r}) outside the masked "
-                    f"write; frozen entries would move. Keras {keras.__version__} updates variables in a way this "
-                    "version of freezing does not guard: use a Keras in the range freezing declares, or report it."
-                )
-        if op.type in CALLS:
-            for inner in api.called_graphs(op):
-                mapped = {id(i): handles[id(e)] for e, i in getattr(inner, "captures", ()) if id(e) in handles}
-                for outer_input, inner_input in zip(op.inputs[1 if op.type.endswith(("If", "Case")) else 0:],
-                                                    inner.inputs):
-                    if id(outer_input) in handles:
-                        mapped[id(inner_input)] = handles[id(outer_input)]
-                if mapped:
-                    _check_ops(inner.get_operations(), mapped, token, who)
-
-
-def check_writes(graph: Any, start: int, guarded: Sequence[Any], token: str, who: str) -> None:
-    """Raise if an op created since ``start`` -- in ``graph`` or in any function it calls (branches, loop
-    bodies, nested ``tf.function`` s) -- writes a guarded variable and is not the owner's own write."""
-    _check_ops(graph.get_operations()[start:], _handles(graph, guarded), token, who)
-
-
 # -- the per-variable update ------------------------------------------------------------------------
 class WritePath:
     """The shadow of one leaf optimizer's ``update_step``: each variable on the path ``choose`` picks (the check of
@@ -428,15 +414,29 @@ class WritePath:
         if entry is None:  # not masked in this step: no mask (eagerly), sparse state, or another optimizer's
             return self.plain(gradient, variable, learning_rate)
         owned = [variable] + [slot for slot, _, _ in entry.slots]
+        component = api.tf_variable(variable)
+        k = id(component)
+        entry.updated.add(k)
+        held = entry.held.pop(k, None)  # its weight decay, held; each path below takes it its own way
+        token = self.guards.token
 
         def plain() -> None:
+            if held is not None:  # Keras' own decay, then Keras' own update
+                decay = _unread(held, token)
+                with tf.name_scope(token):
+                    type(component).assign_sub(component, decay, read_value=False)
             with self.guards.passthrough(owned):
                 self.plain(gradient, variable, learning_rate)
 
         def masked() -> None:
+            if held is not None:  # the update's write of the variable subtracts it first
+                entry.held[k] = held
             self._masked(entry, gradient, variable, learning_rate)
+            left = entry.held.pop(k, None)
+            if left is not None:  # the update did not write the variable: the decay alone, guarded
+                component.assign_sub(_unread(left, token), read_value=False)
 
-        paths = {KERAS: plain, SKIP: lambda: None, SELECT: masked}
+        paths = {KERAS: plain, SKIP: lambda: None, SELECT: masked}  # SKIP: wholly frozen, the decay moves nothing
         path = choose(entry, self.guards.tuning)
         if path != DISPATCH:
             return paths[path]()
@@ -493,6 +493,11 @@ def write_step(guards: Guards, entries: dict[int, Entry], write: Callable[[], An
     start = len(graph.get_operations())
     with guards.active(entries):
         write()
+        for entry in entries.values():  # a decay held for an update that never came: written now, guarded
+            for k, held in list(entry.held.items()):
+                del entry.held[k]
+                entry.updated.add(k)
+                held[0].assign_sub(_unread(held, guards.token), read_value=False)
     variables = [v for e in entries.values() for v in [e.variable] + [s for s, _, _ in e.slots]]
     check_writes(graph, start, variables, guards.token, who)
 
@@ -521,7 +526,8 @@ def entries_for(leaves: Sequence[Any], variables: Sequence[Any], keeps: dict[int
                 target = Target(_slot_keep(keep, v, slot, api.factor_axis(leaf, attr)), variable_path(slot),
                                 source=v if is_average else None)
                 slots.append((slot, target, attr not in api.OUTSIDE_UPDATE_STEP))
-        entries[k] = Entry(v, modes[k], Target(keep, variable_path(v)), slots)
+        folds = all(type(leaf) in FOLDS for leaf in leaves if api.knows(leaf, v))
+        entries[k] = Entry(v, modes[k], Target(keep, variable_path(v)), slots, folds)
     return entries
 
 
