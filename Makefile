@@ -76,7 +76,7 @@ reproduce: $(STAMP) ## Regenerate results/ on full parameters; skips what this m
 verify: $(STAMP) ## Check that every committed result was made from this tree's inputs (runs nothing; make test does it too)
 	$(PY) -m study.report --verify
 
-bench: $(STAMP) ## Run the benchmarks (8 to 15 min, on an idle machine); ratios side by side, into results/bench/BENCH.md
+bench: $(STAMP) ## Run the benchmarks (7 to 15 min, on an idle machine); ratios side by side, into results/bench/BENCH.md
 	$(PY) bench/run.py --publish results/bench
 
 lab: $(STAMP) ## Open the notebooks in JupyterLab
