@@ -526,7 +526,8 @@ def entries_for(leaves: Sequence[Any], variables: Sequence[Any], keeps: dict[int
                 target = Target(_slot_keep(keep, v, slot, api.factor_axis(leaf, attr)), variable_path(slot),
                                 source=v if is_average else None)
                 slots.append((slot, target, attr not in api.OUTSIDE_UPDATE_STEP))
-        folds = all(type(leaf) in FOLDS for leaf in leaves if api.knows(leaf, v))
+        owners = [leaf for leaf in leaves if api.knows(leaf, v)]
+        folds = bool(owners) and all(type(leaf) in FOLDS for leaf in owners)
         entries[k] = Entry(v, modes[k], Target(keep, variable_path(v)), slots, folds)
     return entries
 

@@ -73,6 +73,25 @@ def test_a_folded_decay_gives_keras_bits_where_trainable_and_keeps_frozen_bits(m
         assert _fused(v) == ["decay_then_assign_sub"]
 
 
+@pytest.mark.parametrize("mask", sorted(KEEPS))
+def test_under_xla_a_folded_decay_gives_the_bits_of_plain_keras_under_xla(mask):
+    shape = (40, 10)
+    inner = lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1)  # noqa: E731
+    masked, v, plain, p = _twins(inner, shape)
+    g = tf.constant(np.random.default_rng(2).normal(size=shape).astype("float32"))
+    masked_step = tf.function(lambda: masked.apply_gradients([(g, v)]), jit_compile=True)
+    plain_step = tf.function(lambda: plain.apply_gradients([(g, p)]), jit_compile=True)
+    masked_step(), plain_step()
+    keep = KEEPS[mask](shape)
+    masked.set_mask(v, keep)
+    before = v.numpy().copy()
+    for _ in range(2):
+        masked_step(), plain_step()
+    after, trainable = v.numpy(), np.ones(shape, bool) if keep is None else keep
+    assert _bits(after[trainable]) == _bits(p.numpy()[trainable])
+    assert _bits(after[~trainable]) == _bits(before[~trainable])
+
+
 def test_in_fit_each_masked_variable_gets_one_write_for_decay_and_update():
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, name="fc")])
