@@ -33,7 +33,7 @@ path          chosen when                                   how the frozen bits 
 ``keras``     no mask (eager: read now; graph: ``dispatch``)  nothing is frozen: Keras' own ``update_step``,
                                                             unguarded
 ``skip``      wholly frozen (eager, or ``dispatch``)        no ``update_step``; any other write (decay, EMA)
-                                                            is a guarded select
+                                                            is a guarded select (a held decay is dropped)
 ``select``    some entries frozen (eager); in a graph,      every write is guarded: ``where(keep, new, old)``
               every variable under XLA or with fewer than   (one XLA-compiled pass from ``fuse_above``
               ``dispatch_above`` entries                    entries, in a graph XLA does not compile); a
@@ -47,8 +47,8 @@ path          chosen when                                   how the frozen bits 
                                                             never retraces)
 ============  ============================================  =================================================
 
-An **eager step** (``write_step``) has no trace for the check below to read, so each masked variable whose
-gradient is dense also gets the snapshot-and-select construction (``freezing._restore``): its old bits and its
+An **eager step** (``write_step``) has no trace for the check (``freezing._trace_check``) to read, so each masked
+variable whose gradient is dense also gets the snapshot-and-select construction (``freezing._restore``): its old bits and its
 state's are read before Keras' ``apply`` and selected back after it, whatever wrote them. An ``IndexedSlices``
 gradient stays a scatter under the guard alone (a snapshot would make the step O(size)). Under XLA, selects with an
 all-True mask give Keras' bits, so ``select`` is exact for an unmasked variable too. A variable with sparse state
