@@ -48,11 +48,12 @@ path          chosen when                                   how the frozen bits 
 ============  ============================================  =================================================
 
 An **eager step** (``write_step``) has no trace for the check (``freezing._trace_check``) to read, so each masked
-variable whose gradient is dense also gets the snapshot-and-select construction (``freezing._restore``): its old bits and its
-state's are read before Keras' ``apply`` and selected back after it, whatever wrote them. An ``IndexedSlices``
-gradient stays a scatter under the guard alone (a snapshot would make the step O(size)). Under XLA, selects with an
-all-True mask give Keras' bits, so ``select`` is exact for an unmasked variable too. A variable with sparse state
-(``freezing._sparse_state``) is not guarded: the inner optimizer updates its K selected entries only.
+variable whose gradient is dense also gets the snapshot-and-select construction (``freezing._restore``): its old
+bits and its state's are read before Keras' ``apply`` and selected back after it, whatever wrote them. An
+``IndexedSlices`` gradient stays a scatter under the guard alone (a snapshot would make the step O(size)). Under
+XLA, selects with an all-True mask give Keras' bits, so ``select`` is exact for an unmasked variable too. A
+variable with sparse state (``freezing._sparse_state``) is not guarded: the inner optimizer updates its K selected
+entries only.
 
 The thresholds (``freezing._tuning``) change speed, never bits; ``make bench``'s ``hold_unfused`` and
 ``frozen_half_undispatched`` rows measure what each buys.
