@@ -50,16 +50,14 @@ KEEPS = {"elements": lambda shape: np.random.default_rng(1).random(shape) < 0.5,
          "unmasked": lambda shape: None, "frozen": lambda shape: np.zeros(shape, bool)}
 
 
-@pytest.mark.parametrize("mask", sorted(KEEPS))
-@pytest.mark.parametrize("dispatch_above", [1, 2**40])  # per-step switch_case on the mode, or the select path
-@pytest.mark.parametrize("fuse_above", [1, 2**40])  # one XLA-compiled write, or TensorFlow's kernels
-def test_a_folded_decay_gives_keras_bits_where_trainable_and_keeps_frozen_bits(mask, dispatch_above, fuse_above):
+def _fold_against_plain(mask: str, jit: bool = False, **tuning) -> keras.Variable:
+    """Masked and plain AdamW, two graph steps after a mask is set: trainable bits are plain Keras', frozen the old."""
     shape = (40, 10)
     inner = lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1)  # noqa: E731
-    masked, v, plain, p = _twins(inner, shape, dispatch_above=dispatch_above, fuse_above=fuse_above)
+    masked, v, plain, p = _twins(inner, shape, **tuning)
     g = tf.constant(np.random.default_rng(2).normal(size=shape).astype("float32"))
-    masked_step = tf.function(lambda: masked.apply_gradients([(g, v)]))
-    plain_step = tf.function(lambda: plain.apply_gradients([(g, p)]))
+    masked_step = tf.function(lambda: masked.apply_gradients([(g, v)]), jit_compile=jit)
+    plain_step = tf.function(lambda: plain.apply_gradients([(g, p)]), jit_compile=jit)
     masked_step(), plain_step()  # state to drift with
     keep = KEEPS[mask](shape)
     masked.set_mask(v, keep)
@@ -69,27 +67,21 @@ def test_a_folded_decay_gives_keras_bits_where_trainable_and_keeps_frozen_bits(m
     after, trainable = v.numpy(), np.ones(shape, bool) if keep is None else keep
     assert _bits(after[trainable]) == _bits(p.numpy()[trainable])
     assert _bits(after[~trainable]) == _bits(before[~trainable])
+    return v
+
+
+@pytest.mark.parametrize("mask", sorted(KEEPS))
+@pytest.mark.parametrize("dispatch_above", [1, 2**40])  # per-step switch_case on the mode, or the select path
+@pytest.mark.parametrize("fuse_above", [1, 2**40])  # one XLA-compiled write, or TensorFlow's kernels
+def test_a_folded_decay_gives_keras_bits_where_trainable_and_keeps_frozen_bits(mask, dispatch_above, fuse_above):
+    v = _fold_against_plain(mask, dispatch_above=dispatch_above, fuse_above=fuse_above)
     if fuse_above == 1:  # the decay went into the update's write: no XLA-compiled write of its own
         assert _fused(v) == ["decay_then_assign_sub"]
 
 
 @pytest.mark.parametrize("mask", sorted(KEEPS))
 def test_under_xla_a_folded_decay_gives_the_bits_of_plain_keras_under_xla(mask):
-    shape = (40, 10)
-    inner = lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1)  # noqa: E731
-    masked, v, plain, p = _twins(inner, shape)
-    g = tf.constant(np.random.default_rng(2).normal(size=shape).astype("float32"))
-    masked_step = tf.function(lambda: masked.apply_gradients([(g, v)]), jit_compile=True)
-    plain_step = tf.function(lambda: plain.apply_gradients([(g, p)]), jit_compile=True)
-    masked_step(), plain_step()
-    keep = KEEPS[mask](shape)
-    masked.set_mask(v, keep)
-    before = v.numpy().copy()
-    for _ in range(2):
-        masked_step(), plain_step()
-    after, trainable = v.numpy(), np.ones(shape, bool) if keep is None else keep
-    assert _bits(after[trainable]) == _bits(p.numpy()[trainable])
-    assert _bits(after[~trainable]) == _bits(before[~trainable])
+    _fold_against_plain(mask, jit=True)
 
 
 def test_in_fit_each_masked_variable_gets_one_write_for_decay_and_update():
