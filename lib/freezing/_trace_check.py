@@ -84,7 +84,8 @@ HARMLESS_READS = ("VariableShape",)
 
 def check_unread(component: Any, graph: Any, start: int, token: str) -> None:
     """Raise if an op added to ``graph`` since op ``start``, or to any graph nested in it up to the one being traced
-    (a ``cond`` branch, a ``switch_case`` branch), reads ``component``'s values without being the owner's own op.
+    (a ``cond`` branch, a ``switch_case`` branch), reads ``component``'s values -- the guard's own ops included (a
+    scatter's read of the touched rows would read them undecayed too).
 
     A held weight decay is only written when it is folded into the variable's next write; an op that read the
     variable in between would read it undecayed, so a Keras release whose update reads the variable it updates
@@ -104,7 +105,7 @@ def check_unread(component: Any, graph: Any, start: int, token: str) -> None:
     handles = set(_handles(chain[0], [component]))
     for g in chain:
         for op in g.get_operations()[start if g is graph else 0:]:
-            if token in op.name or op.type in HARMLESS_READS:
+            if op.type in HARMLESS_READS:  # the owner's own ops too: none of them may read it either
                 continue
             if any(id(t) in handles for t in op.inputs):
                 raise RuntimeError(

@@ -284,19 +284,23 @@ class _Guard:
         with tf.name_scope(guards.token):  # in a graph: how the step's check knows this write went through here
             if target is None:  # unmasked on purpose: Keras' own update of an unmasked variable, or a copy-back
                 return self.plain(self.variable, *args, **kwargs)
-            if self.method not in DENSE:
-                return self._scatter(target, *args, **kwargs)
-            if args and isinstance(args[0], tf.IndexedSlices):  # a dense method given rows: scatter them, as Keras'
-                scatter = _Guard(self.variable, DENSE[self.method], self.fused, self.owners)  # TF optimizer does
-                return scatter._scatter(target, args[0])
             entry = guards.entry(self.variable) if _in_graph() else None  # None for an optimizer variable
             k = id(self.variable)
-            if (entry is not None and entry.folds and self.method == "assign_sub" and k not in entry.updated
-                    and k not in entry.held):  # the weight decay, before the update: held for the next write
+            rows = self.method not in DENSE or (args and isinstance(args[0], tf.IndexedSlices))
+            if (entry is not None and entry.folds and self.method == "assign_sub" and not rows
+                    and k not in entry.updated and k not in entry.held):  # the weight decay: held for the next write
                 entry.hold(self.variable, tf.convert_to_tensor(args[0], dtype=self.variable.dtype))
-                return self.variable if kwargs.get("read_value", True) is not False else None
+                return self.variable  # Keras ignores it; an op that read it would fail check_unread
             held = entry.held.pop(k, None) if entry is not None else None
             decay = None if held is None else _unread(held, guards.token)
+            if rows:
+                if decay is not None:  # a scatter takes no held decay: written first, on its own
+                    _Guard(self.variable, "assign_sub", self.fused, self.owners)._dense(
+                        target, decay, fuse_above=guards.tuning.fuse_above, read_value=False)
+                if self.method not in DENSE:
+                    return self._scatter(target, *args, **kwargs)
+                scatter = _Guard(self.variable, DENSE[self.method], self.fused, self.owners)  # a dense method given
+                return scatter._scatter(target, args[0])  # rows: scatter them, as Keras' TF optimizer does
             return self._dense(target, *args, fuse_above=guards.tuning.fuse_above, decay=decay, **kwargs)
 
     def _frozen(self, target: Target, old: tf.Tensor) -> tf.Tensor:
